@@ -1,0 +1,44 @@
+//go:build !race
+
+package fairlock_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/fairlock/fairlock/fairlock"
+)
+
+// TestUncontendedAllocatesNothing holds the promise of DESIGN.md's Cost
+// section: Lock+Unlock of a free key, TryLock+Unlock, Locked and Waiters
+// allocate nothing with debug and observer off. (Built without -race: the
+// race detector's instrumentation allocates on its own.)
+func TestUncontendedAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	for name, l := range map[string]*fairlock.Locker[string]{
+		"plain":              fairlock.New[string](),
+		"deadlock-detection": fairlock.New[string](fairlock.WithDeadlockDetection()),
+	} {
+		keys := benchKeys(64)
+		i := 0
+		allocs := testing.AllocsPerRun(10000, func() {
+			k := keys[i%len(keys)]
+			i++
+			g, err := l.Lock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.Unlock()
+			g, err = l.TryLock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Locked(k)
+			_ = l.Waiters(k)
+			g.Unlock()
+		})
+		if allocs != 0 {
+			t.Errorf("%s: uncontended Lock/TryLock/Unlock allocates %v times per run, want 0", name, allocs)
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/fairlock/fairlock/owner"
+)
+
+// The sentinel errors. Every error a Locker returns wraps exactly one of
+// these or a context's error, so callers test with errors.Is.
+var (
+	// ErrReentrant: the caller's owner (see package owner) already holds the
+	// key. Lock and TryLock return it at once instead of deadlocking.
+	ErrReentrant = errors.New("fairlock: reentrant lock: the owner already holds the key")
+	// ErrWouldBlock: TryLock found the key held or with queued waiters.
+	ErrWouldBlock = errors.New("fairlock: would block: the key is held or has waiters")
+	// ErrClosed: the Locker was closed before the call, or while it waited.
+	ErrClosed = errors.New("fairlock: locker closed")
+	// ErrDeadlock: with WithDeadlockDetection, waiting would have closed a
+	// cycle in the wait-for graph. The error is also a *DeadlockError.
+	ErrDeadlock = errors.New("fairlock: deadlock: waiting would close a wait-for cycle")
+)
+
+// LockError is the error Lock, TryLock and LockMany return. It names the
+// operation, the key and the owner, and unwraps to a sentinel (ErrReentrant,
+// ErrWouldBlock, ErrClosed, ErrDeadlock) or to the context's error
+// (context.Canceled, context.DeadlineExceeded, or a cause set with
+// context.WithCancelCause).
+type LockError struct {
+	Op    string   // "Lock", "TryLock" or "LockMany"
+	Key   any      // the key the call was for
+	Owner owner.ID // the caller's owner
+	Err   error    // the sentinel or context error
+}
+
+// Error returns a message of the form
+// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`.
+func (e *LockError) Error() string {
+	var b strings.Builder
+	b.WriteString("fairlock: ")
+	b.WriteString(e.Op)
+	b.WriteByte(' ')
+	b.WriteString(formatKey(e.Key))
+	if e.Owner != 0 {
+		b.WriteString(" (")
+		b.WriteString(e.Owner.String())
+		b.WriteByte(')')
+	}
+	b.WriteString(": ")
+	b.WriteString(strings.TrimPrefix(e.Err.Error(), "fairlock: "))
+	return b.String()
+}
+
+// Unwrap returns the sentinel or context error.
+func (e *LockError) Unwrap() error { return e.Err }
+
+// formatKey quotes string keys and prints others with %v.
+func formatKey(k any) string {
+	if s, ok := k.(string); ok {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%v", k)
+}
+
+// contextError returns the error to report for a done ctx: its cause when
+// one was set with a Cause function and differs, else ctx.Err(). Both
+// context.Canceled/DeadlineExceeded and the cause stay reachable through
+// errors.Is.
+func contextError(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}
+
+// resultOf classifies an error for observers.
+func resultOf(err error) Result {
+	switch {
+	case err == nil:
+		return Acquired
+	case errors.Is(err, ErrReentrant):
+		return Reentrant
+	case errors.Is(err, ErrWouldBlock):
+		return WouldBlock
+	case errors.Is(err, ErrClosed):
+		return Closed
+	case errors.Is(err, ErrDeadlock):
+		return Deadlock
+	case errors.Is(err, context.DeadlineExceeded):
+		return DeadlineExceeded
+	default:
+		return Canceled
+	}
+}

@@ -1,0 +1,31 @@
+package fairlock
+
+// Guard is a held lock on one key, returned by Lock and TryLock. It is a
+// small value (no allocation); copies of it are the same grant. The zero
+// Guard holds nothing.
+type Guard[K comparable] struct {
+	e   *entry[K]
+	s   *shard[K]
+	gen uint64 // the grant this Guard stands for
+	key K
+}
+
+// Unlock releases the lock and, if anyone waits for the key, hands it to
+// the longest-waiting one. It never blocks beyond the shard mutex.
+//
+// Unlock is idempotent: a second Unlock of the same Guard, or of a copy,
+// does nothing, even if the key has since been granted to someone else
+// (each grant has its own generation, and a Guard only releases its own).
+// Such stale Unlocks are counted in debug output. The zero Guard's Unlock
+// is a no-op. Any goroutine may call Unlock, also after Close.
+func (g Guard[K]) Unlock() {
+	if g.e == nil {
+		return
+	}
+	if !g.release(true) {
+		g.s.l.doubleUnlocks.Add(1)
+	}
+}
+
+// Key returns the key g locks (the zero K for the zero Guard).
+func (g Guard[K]) Key() K { return g.key }

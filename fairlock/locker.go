@@ -1,0 +1,579 @@
+// Package fairlock provides Locker, a fair, strict-FIFO keyed mutex.
+//
+// Calls on the same key exclude each other and are granted in the order in
+// which they arrived; calls on different keys never wait on each other. A
+// flow that locks a key it already holds gets ErrReentrant instead of
+// deadlocking itself, and with WithDeadlockDetection a Lock that would
+// close a wait-for cycle between flows gets ErrDeadlock.
+//
+// # Owners
+//
+// Each call has an owner, owner.Of(ctx): the flow token carried by ctx
+// (owner.NewContext), or else the calling goroutine. Reentrancy and
+// deadlock detection are per owner. Unlock is not: a Guard may be unlocked
+// from any goroutine.
+//
+// # Memory model
+//
+// For a key k, the n'th Unlock of k synchronizes before the return of the
+// m'th successful Lock or TryLock of k, for n < m, as for sync.Mutex.
+//
+// # Costs
+//
+// An uncontended Lock+Unlock takes one shard mutex twice and allocates
+// nothing (with debug and observer off). A Lock that must wait allocates
+// nothing either once the Locker has warmed up: waiters are recycled. A
+// key's entry exists only while the key is held or awaited, so a Locker
+// over millions of distinct keys holds memory only for the ones in use.
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairlock/fairlock/owner"
+	"github.com/fairlock/fairlock/waitqueue"
+)
+
+// Locker is a fair, strict-FIFO keyed mutex. Make one with New; the zero
+// Locker is not usable. A Locker must not be copied after first use. All
+// methods are safe for concurrent use.
+type Locker[K comparable] struct {
+	seed   maphash.Seed
+	shards []shard[K]
+	mask   uint64
+
+	name     string
+	logger   *slog.Logger
+	timed    bool           // read the clock on grant/release: debug or observer on
+	obs      LockerObserver // nil without WithObserver
+	dbg      *debugState    // nil without WithDebug
+	detector *detector[K]   // nil without WithDeadlockDetection
+
+	reentrant     atomic.Int64 // ErrReentrant returns
+	doubleUnlocks atomic.Int64 // Unlocks of a Guard already unlocked
+
+	closeOnce sync.Once
+	draining  atomic.Int64  // after Close: shards with live keys, +1 while Close walks them
+	drained   chan struct{} // closed when draining reaches 0
+}
+
+// shard is one slice of the key space: a mutex and the entries of the keys
+// that hash to it. Padded so neighbouring shards' mutexes do not share a
+// cache line.
+type shard[K comparable] struct {
+	l       *Locker[K]
+	mu      sync.Mutex
+	entries map[K]*entry[K] // guarded by mu: the live keys
+	free    []*entry[K]     // guarded by mu: recycled entries, at most maxFree
+	waiting int             // guarded by mu: waiters over all entries
+	gen     uint64          // guarded by mu: last grant generation handed out
+	peak    int             // guarded by mu: most entries since entries was made
+	closed  bool            // guarded by mu: Close has run over this shard
+	_       [64]byte
+}
+
+const (
+	maxFree = 16 // recycled entries kept per shard
+	// shrinkAt: a shard's map that grew past this many keys is replaced by
+	// a fresh one once it empties, since Go maps never shrink.
+	shrinkAt = 1024
+)
+
+// entry is the state of one live key. It exists while the key has a
+// holder; waiters always queue behind a holder (hand-off never leaves a key
+// free with waiters).
+type entry[K comparable] struct {
+	key     K
+	holder  owner.ID                   // guarded by s.mu
+	gen     uint64                     // guarded by s.mu: current grant; 0 when recycled
+	waiters waitqueue.Queue[waitState] // guarded by s.mu
+
+	// Debug and observer bookkeeping, guarded by s.mu, set only when timed.
+	grantedAt time.Time
+	stack     []uintptr // WithStacks: the holder's Lock call stack
+	warned    uint      // long-held warnings given for this grant
+}
+
+// outcome of a wait, decided under the shard mutex by whoever ends it.
+type outcome uint8
+
+const (
+	waiting outcome = iota
+	granted
+	closedOut
+)
+
+// waitState is a queued Lock call; it lives in a waitqueue.Waiter.
+type waitState struct {
+	owner   owner.ID
+	outcome outcome // guarded by s.mu
+	gen     uint64  // guarded by s.mu: the grant's generation once granted
+	since   time.Time
+	stack   []uintptr
+	warned  uint
+}
+
+type waiter = waitqueue.Waiter[waitState]
+
+// waiterPool recycles waiters and their ready channels across all Lockers.
+var waiterPool = sync.Pool{New: func() any { return waitqueue.NewWaiter[waitState]() }}
+
+// lockers counts Lockers made, for default names.
+var lockers atomic.Int64
+
+// New returns an open Locker for keys of type K. It allocates the shards
+// (WithShards) and, with WithDebug and WithLongHeld, starts one watchdog
+// goroutine that Close stops. Keys are hashed with hash/maphash.Comparable:
+// K must not be, or contain, an interface holding an uncomparable value,
+// or Lock panics as a map would.
+func New[K comparable](opts ...Option) *Locker[K] {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	n := lockers.Add(1)
+	if cfg.name == "" {
+		cfg.name = fmt.Sprintf("fairlock-%d", n)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	l := &Locker[K]{
+		seed:    maphash.MakeSeed(),
+		shards:  make([]shard[K], cfg.shards),
+		mask:    uint64(cfg.shards - 1),
+		name:    cfg.name,
+		logger:  cfg.logger,
+		drained: make(chan struct{}),
+	}
+	for i := range l.shards {
+		l.shards[i].l = l
+		l.shards[i].entries = make(map[K]*entry[K])
+	}
+	if cfg.deadlocks {
+		l.detector = newDetector[K]()
+	}
+	if cfg.observer != nil {
+		l.obs = cfg.observer.Register(l.name, l.stats)
+	}
+	if cfg.debug {
+		l.dbg = startDebug(l, cfg)
+	}
+	l.timed = l.obs != nil || l.dbg != nil
+	return l
+}
+
+func (l *Locker[K]) shardOf(key K) *shard[K] {
+	return &l.shards[maphash.Comparable(l.seed, key)&l.mask]
+}
+
+// now reads the clock only when someone will look at the time.
+func (l *Locker[K]) now() time.Time {
+	if l.timed {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+// Lock locks key for the owner of ctx (owner.Of) and returns the Guard
+// that unlocks it. If the key is held, Lock blocks until every Lock that
+// queued on the key before it has been granted and released, then takes the
+// lock directly from the previous holder; it never overtakes an earlier
+// waiter.
+//
+// Lock returns an error wrapping:
+//   - the context's error if ctx is done before the lock is granted, even
+//     when the key is free; the caller then holds nothing;
+//   - ErrReentrant at once if the owner already holds key;
+//   - ErrClosed if the Locker is closed, or closes while Lock waits;
+//   - ErrDeadlock (also a *DeadlockError) with WithDeadlockDetection, at
+//     once, if waiting would close a wait-for cycle.
+//
+// The returned error is a *LockError naming the key and owner. Lock
+// allocates nothing when it does not wait, and nothing beyond a recycled
+// waiter when it does.
+func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
+	if ctx == nil {
+		panic("fairlock: Lock with a nil context")
+	}
+	if err := ctx.Err(); err != nil {
+		return l.fail(ctx, "Lock", key, 0, contextError(ctx), 0)
+	}
+	id := owner.Of(ctx)
+	var stack []uintptr
+	if l.dbg != nil && l.dbg.stacks {
+		stack = captureStack()
+	}
+	now := l.now()
+	s := l.shardOf(key)
+	s.mu.Lock()
+	if e, ok := s.entries[key]; ok || s.closed {
+		return l.lockSlow(ctx, s, e, key, id, now, stack)
+	}
+	g := s.grantNew(key, id, now, stack)
+	s.mu.Unlock()
+	if l.obs != nil {
+		l.obs.Acquire(Acquired, 0)
+	}
+	return g, nil
+}
+
+// TryLock locks key for the owner of ctx if it can do so at once: the key
+// is neither held nor awaited. It never blocks (beyond the shard mutex) and
+// never overtakes a queued waiter.
+//
+// TryLock returns an error wrapping the context's error if ctx is already
+// done, ErrReentrant if the owner holds key, ErrWouldBlock if someone else
+// holds it or waits for it, and ErrClosed if the Locker is closed. It
+// allocates nothing on success.
+func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
+	if ctx == nil {
+		panic("fairlock: TryLock with a nil context")
+	}
+	if err := ctx.Err(); err != nil {
+		return l.fail(ctx, "TryLock", key, 0, contextError(ctx), 0)
+	}
+	id := owner.Of(ctx)
+	var stack []uintptr
+	if l.dbg != nil && l.dbg.stacks {
+		stack = captureStack()
+	}
+	now := l.now()
+	s := l.shardOf(key)
+	s.mu.Lock()
+	e, ok := s.entries[key]
+	var err error
+	switch {
+	case s.closed:
+		err = ErrClosed
+	case ok && e.holder == id:
+		err = ErrReentrant
+	case ok:
+		err = ErrWouldBlock
+	default:
+		g := s.grantNew(key, id, now, stack)
+		s.mu.Unlock()
+		if l.obs != nil {
+			l.obs.Acquire(Acquired, 0)
+		}
+		return g, nil
+	}
+	s.mu.Unlock()
+	return l.fail(ctx, "TryLock", key, id, err, 0)
+}
+
+// grantNew makes key's entry with id as its holder. s.mu is held and key
+// has no entry.
+func (s *shard[K]) grantNew(key K, id owner.ID, now time.Time, stack []uintptr) Guard[K] {
+	var e *entry[K]
+	if n := len(s.free); n > 0 {
+		e = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		e = new(entry[K])
+	}
+	e.key = key
+	s.entries[key] = e
+	if len(s.entries) > s.peak {
+		s.peak = len(s.entries)
+	}
+	s.gen++
+	e.holder, e.gen, e.grantedAt, e.stack, e.warned = id, s.gen, now, stack, 0
+	return Guard[K]{e: e, s: s, gen: e.gen, key: key}
+}
+
+// lockSlow is Lock's path when key has an entry (held) or the shard is
+// closed. It is outlined so that Lock's uncontended path stays short, as
+// in sync.Mutex. s.mu is held on entry and released before it returns.
+func (l *Locker[K]) lockSlow(ctx context.Context, s *shard[K], e *entry[K], key K, id owner.ID, now time.Time, stack []uintptr) (Guard[K], error) {
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return l.fail(ctx, "Lock", key, id, ErrClosed, 0)
+	case e.holder == id:
+		s.mu.Unlock()
+		return l.fail(ctx, "Lock", key, id, ErrReentrant, 0)
+	}
+	if l.detector != nil {
+		if cycle := l.detector.enqueue(key, e.holder, id); cycle != nil {
+			s.mu.Unlock()
+			return l.refuseDeadlock(ctx, key, id, cycle)
+		}
+	}
+	w := waiterPool.Get().(*waiter)
+	w.Value = waitState{owner: id, since: now, stack: stack}
+	e.waiters.PushBack(w)
+	s.waiting++
+	s.mu.Unlock()
+
+	done := ctx.Done()
+	select {
+	case <-w.Ready():
+	case <-done:
+		s.mu.Lock()
+		if w.Value.outcome == waiting {
+			// Still queued: leave the queue. The key keeps its holder, so
+			// the entry stays.
+			e.waiters.Remove(w)
+			s.waiting--
+			if l.detector != nil {
+				l.detector.leave(key, id, e.waiters.Len() > 0)
+			}
+			s.mu.Unlock()
+			releaseWaiter(w)
+			return l.fail(ctx, "Lock", key, id, contextError(ctx), since(now))
+		}
+		// Granted or closed in the same instant. The decider signals right
+		// after releasing s.mu; take its signal so w can be reused.
+		s.mu.Unlock()
+		<-w.Ready()
+	}
+
+	out, gen := w.Value.outcome, w.Value.gen
+	releaseWaiter(w)
+	if out == closedOut {
+		return l.fail(ctx, "Lock", key, id, ErrClosed, since(now))
+	}
+	g := Guard[K]{e: e, s: s, gen: gen, key: key}
+	// Granted. If ctx ended meanwhile, give the grant back through the
+	// internal hand-off so the next waiter runs, and report the context's
+	// error: the caller holds nothing (as x/sync/semaphore does).
+	if done != nil {
+		select {
+		case <-done:
+			g.release(false)
+			return l.fail(ctx, "Lock", key, id, contextError(ctx), since(now))
+		default:
+		}
+	}
+	if l.obs != nil {
+		l.obs.Acquire(Acquired, since(now))
+	}
+	return g, nil
+}
+
+func releaseWaiter(w *waiter) {
+	w.Value = waitState{}
+	waiterPool.Put(w)
+}
+
+// since returns the time elapsed from t, or 0 for the zero time (clock off).
+func since(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t)
+}
+
+// fail builds the error for a call that did not get the lock, counts it
+// and reports it to the observer.
+func (l *Locker[K]) fail(ctx context.Context, op string, key K, id owner.ID, err error, waited time.Duration) (Guard[K], error) {
+	if id == 0 {
+		id = owner.Of(ctx)
+	}
+	if err == ErrReentrant {
+		l.reentrant.Add(1)
+	}
+	if l.obs != nil {
+		l.obs.Acquire(resultOf(err), waited)
+	}
+	return Guard[K]{}, &LockError{Op: op, Key: key, Owner: id, Err: err}
+}
+
+// release ends the grant g holds, if it is still current, and hands the key
+// to the head waiter. It reports whether g was current. report says whether
+// the observer hears of the release (not for a grant given back unused).
+//
+// Fairness policy. A release never makes the key free while anyone waits:
+// ownership passes under the shard mutex to the waiter at the head of the
+// key's queue, which is then woken. A Lock or TryLock that arrives in the
+// instant between this hand-off and the waiter running finds the key held
+// and queues behind it. This is strict FIFO, sync.Mutex's starvation mode
+// made permanent (golang.org/issue/13086 describes that mode). Its cost
+// against barging is throughput on a hot key: every hand-off waits for a
+// goroutine wake-up (a few microseconds) during which the key is held but
+// idle, where a barging mutex would let an already-running goroutine take
+// it. In exchange no waiter is ever overtaken, so the wait of the n'th
+// waiter is bounded by n hold times plus n wake-ups.
+func (g Guard[K]) release(report bool) bool {
+	s, e := g.s, g.e
+	l := s.l
+	now := l.now()
+	s.mu.Lock()
+	if e.gen != g.gen {
+		s.mu.Unlock()
+		return false
+	}
+	heldFor := now.Sub(e.grantedAt)
+	next := s.handOff(e, now)
+	s.mu.Unlock()
+	if next != nil {
+		next.Signal()
+	}
+	if report && l.obs != nil {
+		l.obs.Release(heldFor)
+	}
+	return true
+}
+
+// handOff ends e's current grant: the head waiter becomes the holder and is
+// returned for the caller to signal once s.mu is released, or, with no
+// waiter, the entry is deleted and recycled. s.mu is held.
+func (s *shard[K]) handOff(e *entry[K], now time.Time) *waiter {
+	w := e.waiters.PopFront()
+	if w == nil {
+		s.remove(e)
+		return nil
+	}
+	s.waiting--
+	s.gen++
+	e.holder, e.gen, e.grantedAt, e.stack, e.warned = w.Value.owner, s.gen, now, w.Value.stack, 0
+	w.Value.outcome, w.Value.gen = granted, s.gen
+	if d := s.l.detector; d != nil {
+		d.handOff(e.key, e.holder, e.waiters.Len() > 0)
+	}
+	return w
+}
+
+// remove deletes the idle entry e and recycles it. s.mu is held.
+func (s *shard[K]) remove(e *entry[K]) {
+	delete(s.entries, e.key)
+	*e = entry[K]{}
+	if len(s.free) < maxFree {
+		s.free = append(s.free, e)
+	}
+	if len(s.entries) == 0 {
+		if s.peak > shrinkAt {
+			s.entries, s.peak = make(map[K]*entry[K]), 0
+		}
+		if s.closed {
+			s.l.shardDrained()
+		}
+	}
+}
+
+// Locked reports whether key is held at this instant. It takes one shard
+// mutex and allocates nothing.
+func (l *Locker[K]) Locked(key K) bool {
+	s := l.shardOf(key)
+	s.mu.Lock()
+	_, ok := s.entries[key]
+	s.mu.Unlock()
+	return ok
+}
+
+// Waiters returns the number of Lock calls queued on key at this instant,
+// not counting the holder. It takes one shard mutex and allocates nothing.
+func (l *Locker[K]) Waiters(key K) int {
+	s := l.shardOf(key)
+	s.mu.Lock()
+	n := 0
+	if e, ok := s.entries[key]; ok {
+		n = e.waiters.Len()
+	}
+	s.mu.Unlock()
+	return n
+}
+
+// Len returns the number of keys that have a holder or a waiter (every
+// awaited key has a holder). It is 0 once all work is done, whatever was
+// cancelled. It takes each shard mutex in turn, so it is a sum of
+// per-shard instants, not one snapshot.
+func (l *Locker[K]) Len() int {
+	return l.stats().Keys
+}
+
+// stats sums the live counts over the shards.
+func (l *Locker[K]) stats() Stats {
+	var st Stats
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		st.Keys += len(s.entries)
+		st.Waiters += s.waiting
+		s.mu.Unlock()
+	}
+	return st
+}
+
+// Close closes the Locker: later Lock and TryLock calls return ErrClosed,
+// and queued waiters wake with ErrClosed at once. Close then waits until
+// every holder has unlocked or ctx is done, whichever comes first; on ctx's
+// end it returns an error wrapping ctx's error and naming how many keys are
+// still held (they may still be unlocked later). It stops the Locker's
+// watchdog goroutine, unregisters it from package debug and its Observer,
+// and is safe to call more than once and concurrently; each call waits as
+// described. A nil ctx means context.Background.
+func (l *Locker[K]) Close(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	l.closeOnce.Do(l.close)
+	select {
+	case <-l.drained:
+		return nil
+	default:
+	}
+	select {
+	case <-l.drained:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", l.name, l.Len(), contextError(ctx))
+	}
+}
+
+func (l *Locker[K]) close() {
+	l.draining.Store(1) // Close's own count, dropped after the walk
+	var woken []*waiter
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		s.closed = true
+		for _, e := range s.entries {
+			for w := e.waiters.PopFront(); w != nil; w = e.waiters.PopFront() {
+				w.Value.outcome = closedOut
+				woken = append(woken, w)
+				if l.detector != nil {
+					l.detector.leave(e.key, w.Value.owner, e.waiters.Len() > 0)
+				}
+			}
+		}
+		s.waiting = 0
+		if len(s.entries) > 0 {
+			l.draining.Add(1)
+		}
+		s.mu.Unlock()
+	}
+	for _, w := range woken {
+		w.Signal()
+	}
+	if l.dbg != nil {
+		l.dbg.stop()
+	}
+	if l.obs != nil {
+		l.obs.Unregister()
+	}
+	l.shardDrained() // Close's own count
+}
+
+// shardDrained drops the count of shards Close waits for.
+func (l *Locker[K]) shardDrained() {
+	if l.draining.Add(-1) == 0 {
+		close(l.drained)
+	}
+}
+
+// captureStack records the caller of Lock or TryLock and up to 31 frames above.
+func captureStack() []uintptr {
+	pcs := make([]uintptr, 32)
+	return pcs[:runtime.Callers(3, pcs)]
+}

@@ -1,0 +1,66 @@
+package fairlock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+)
+
+// MultiGuard holds the locks taken by one LockMany call. It is a value;
+// copies are the same grants. The zero MultiGuard holds nothing.
+type MultiGuard[K comparable] struct {
+	guards []Guard[K] // in the order taken (sorted by key)
+}
+
+// Unlock releases every key, in the reverse of the order LockMany took
+// them. Like Guard.Unlock it is idempotent: a second Unlock (of a copy too)
+// does nothing to keys granted to someone else since.
+func (m MultiGuard[K]) Unlock() {
+	for i := len(m.guards) - 1; i >= 0; i-- {
+		m.guards[i].Unlock()
+	}
+}
+
+// Keys returns the locked keys in the order they were taken: sorted, with
+// duplicates removed. The slice is a copy.
+func (m MultiGuard[K]) Keys() []K {
+	keys := make([]K, len(m.guards))
+	for i, g := range m.guards {
+		keys[i] = g.key
+	}
+	return keys
+}
+
+// LockMany locks every key in keys for the owner of ctx, all or nothing.
+// Duplicate keys are locked once. Keys are taken one at a time in
+// ascending order, each with Lock, so that any two LockMany calls on the
+// same Locker can never deadlock each other: the classic resource-ordering
+// rule (Havender, 1968). Each key is waited for in FIFO order as with Lock.
+//
+// If any Lock fails (the context ends, a key is held by the same owner, the
+// Locker closes, or deadlock detection refuses a cycle against plain Lock
+// callers), every key already taken is released, in reverse order, before
+// LockMany returns the error. The error is a *LockError with Op "LockMany"
+// naming the key that failed, and it wraps the same sentinel or context
+// error Lock returned. LockMany allocates the sorted key slice and the
+// MultiGuard's slice of guards.
+func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (MultiGuard[K], error) {
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	m := MultiGuard[K]{guards: make([]Guard[K], 0, len(sorted))}
+	for _, k := range sorted {
+		g, err := l.Lock(ctx, k)
+		if err != nil {
+			m.Unlock()
+			var le *LockError
+			if errors.As(err, &le) {
+				le.Op = "LockMany"
+			}
+			return MultiGuard[K]{}, err
+		}
+		m.guards = append(m.guards, g)
+	}
+	return m, nil
+}

@@ -1,0 +1,72 @@
+package fairlock
+
+import "time"
+
+// Result is the outcome of a Lock or TryLock, as reported to an Observer.
+type Result uint8
+
+// The results, one per kind of return. Their String values are the
+// fairlock.result metric attribute values.
+const (
+	Acquired         Result = iota // the call got the lock
+	Reentrant                      // ErrReentrant
+	Canceled                       // the context was canceled (or ended with a cause)
+	DeadlineExceeded               // the context's deadline passed
+	WouldBlock                     // ErrWouldBlock from TryLock
+	Closed                         // ErrClosed
+	Deadlock                       // ErrDeadlock
+	numResults
+)
+
+var resultNames = [numResults]string{
+	"acquired", "reentrant", "canceled", "deadline_exceeded", "would_block", "closed", "deadlock",
+}
+
+// String returns the result's metric attribute value, such as "acquired".
+func (r Result) String() string {
+	if r < numResults {
+		return resultNames[r]
+	}
+	return "unknown"
+}
+
+// Results lists every Result in order; an Observer can build one attribute
+// set per result up front from it.
+func Results() []Result {
+	rs := make([]Result, numResults)
+	for i := range rs {
+		rs[i] = Result(i)
+	}
+	return rs
+}
+
+// Stats is a Locker's live counts at one instant.
+type Stats struct {
+	Keys    int // keys with a holder (every live key has one)
+	Waiters int // queued waiters over all keys
+}
+
+// An Observer receives a Locker's metrics. New calls Register once per
+// Locker built WithObserver; one Observer may serve many Lockers. Package
+// otelmetrics implements it for OpenTelemetry.
+type Observer interface {
+	// Register returns the recorder for the Locker named name. stats reads
+	// the Locker's live counts; it takes each shard mutex in turn, so call
+	// it from a metrics collection callback, not per operation.
+	Register(name string, stats func() Stats) LockerObserver
+}
+
+// A LockerObserver records one Locker's events. Its methods are called
+// after the Locker released its internal mutexes, from the goroutine that
+// made the call, and must not call back into the Locker. They must be safe
+// for concurrent use and should not allocate.
+type LockerObserver interface {
+	// Acquire reports the result of one Lock or TryLock and how long the
+	// call waited in the key's queue (0 for a call that never queued).
+	Acquire(r Result, wait time.Duration)
+	// Release reports one Unlock and how long the key was held.
+	Release(hold time.Duration)
+	// Unregister is called once by Locker.Close: stats must not be called
+	// after it returns.
+	Unregister()
+}

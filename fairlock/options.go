@@ -1,0 +1,102 @@
+package fairlock
+
+import (
+	"log/slog"
+	"runtime"
+	"time"
+)
+
+// An Option configures a Locker in New.
+type Option func(*config)
+
+// config is every setting of a Locker; defaults are set in one place,
+// defaultConfig.
+type config struct {
+	name      string
+	shards    int
+	observer  Observer
+	debug     bool
+	stacks    bool
+	longHeld  time.Duration
+	logger    *slog.Logger
+	deadlocks bool
+}
+
+func defaultConfig() config {
+	return config{shards: defaultShards()}
+}
+
+// defaultShards is four shards per P, rounded up to a power of two, so
+// that goroutines on distinct keys rarely share a shard mutex.
+func defaultShards() int { return ceilPow2(4 * runtime.GOMAXPROCS(0)) }
+
+func ceilPow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// WithName names the Locker in debug output (package debug) and in the
+// fairlock.locker metric attribute. Without it a Locker is named
+// "fairlock-N", N counting the lockers made by this process from 1.
+// Names need not be unique; the debug registry suffixes duplicates.
+func WithName(name string) Option { return func(c *config) { c.name = name } }
+
+// WithShards sets the number of map shards a Locker spreads its keys over.
+// n is rounded up to a power of two; n < 1 means the default, four shards
+// per GOMAXPROCS. More shards cost memory (about 128 bytes each) and make
+// Len, Snapshot and Close walk more; fewer make goroutines on unrelated
+// keys contend on the same shard mutex.
+func WithShards(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.shards = defaultShards()
+			return
+		}
+		c.shards = ceilPow2(n)
+	}
+}
+
+// WithObserver sets the hook that receives the Locker's metrics (see
+// Observer; package otelmetrics implements it for OpenTelemetry). A nil
+// Observer means none. With an observer each acquisition and release reads
+// the clock once more; nothing is allocated per operation.
+func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+
+// WithDebug registers the Locker with package debug while it is open and
+// records, for each held key, the holder and the time of the grant, and
+// for each waiter its owner and arrival time. It costs two clock reads per
+// Lock/Unlock and nothing allocated on the uncontended path; see
+// docs/debugging.md for measured overhead.
+func WithDebug() Option { return func(c *config) { c.debug = true } }
+
+// WithStacks records the stack of every Lock call (up to 32 frames) and
+// shows the holder's acquiring stack in debug output and long-held
+// warnings. It implies WithDebug. Capturing a stack costs about a
+// microsecond and one allocation per Lock: use it while hunting a bug.
+func WithStacks() Option {
+	return func(c *config) { c.debug, c.stacks = true, true }
+}
+
+// WithLongHeld makes the Locker warn through its logger when a key has been
+// held for longer than d, and again at 2d, 4d, 8d… while it stays held; a
+// waiter queued longer than d is reported the same way. Debug output flags
+// such keys. It implies WithDebug and starts one watchdog goroutine that
+// wakes every d/4 (at least every millisecond, at most every second) and
+// stops on Close. d <= 0 turns the watchdog off.
+func WithLongHeld(d time.Duration) Option {
+	return func(c *config) { c.debug, c.longHeld = true, d }
+}
+
+// WithLogger sets where warnings go: long-held locks, long waits and refused
+// deadlocks. A nil logger means slog.Default(), the default.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithDeadlockDetection keeps a wait-for graph of owners (an owner waits
+// for a key, the key's holder is another owner) and makes Lock return an
+// error wrapping ErrDeadlock, also a *DeadlockError naming the cycle, when
+// waiting would close a cycle. Only Lock calls that must wait pay for it:
+// one extra mutex and a graph walk. See docs/deadlocks.md for its limits.
+func WithDeadlockDetection() Option { return func(c *config) { c.deadlocks = true } }

@@ -1,0 +1,126 @@
+package owner_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fairlock/fairlock/owner"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestNewContextGivesDistinctFlowTokens(t *testing.T) {
+	ctx := context.Background()
+	a, b := owner.NewContext(ctx), owner.NewContext(ctx)
+	ida, ok := owner.FromContext(a)
+	if !ok || ida == 0 || !ida.IsFlow() {
+		t.Fatalf("FromContext(NewContext) = %v, %v; want a flow token", ida, ok)
+	}
+	idb, _ := owner.FromContext(b)
+	if ida == idb {
+		t.Fatalf("two NewContext calls share token %v", ida)
+	}
+	// A child context keeps its parent's flow.
+	child, cancel := context.WithCancel(a)
+	defer cancel()
+	if got := owner.Of(child); got != ida {
+		t.Fatalf("Of(child of flow %v) = %v", ida, got)
+	}
+	// Forking shadows the parent's token.
+	if got := owner.Of(owner.NewContext(a)); got == ida {
+		t.Fatalf("NewContext(a) reused a's token %v", ida)
+	}
+}
+
+func TestOfWithoutTokenIsTheGoroutine(t *testing.T) {
+	if _, ok := owner.FromContext(context.Background()); ok {
+		t.Fatal("Background carries a token")
+	}
+	//lint:ignore SA1012 a nil ctx carries no token: part of the contract
+	if _, ok := owner.FromContext(nil); ok {
+		t.Fatal("nil ctx carries a token")
+	}
+	id := owner.Of(context.Background())
+	if id == 0 || id.IsFlow() {
+		t.Fatalf("Of(Background) = %v; want a goroutine id", id)
+	}
+	if id != owner.Goroutine() {
+		t.Fatalf("Of(Background) = %v, Goroutine() = %v", id, owner.Goroutine())
+	}
+	// The id matches the runtime's own goroutine number, as in a stack dump.
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	field := strings.Fields(string(buf))[1] // "goroutine 18 [running]:"
+	want, err := strconv.ParseUint(field, 10, 64)
+	if err != nil {
+		t.Fatalf("parse %q: %v", buf, err)
+	}
+	if uint64(id) != want {
+		t.Fatalf("Of = %v, runtime says goroutine %d", id, want)
+	}
+}
+
+// TestGoroutineIDsDistinct guards against goroutine-id extraction breaking on
+// a new Go release (go-deadlock issues #35 and #45: every goroutine read the
+// same id). Live goroutines must all have different ids, and every id must
+// agree with the runtime's stack header.
+func TestGoroutineIDsDistinct(t *testing.T) {
+	const n = 200
+	ids := make([]owner.ID, n)
+	var ready, release sync.WaitGroup
+	ready.Add(n)
+	release.Add(1)
+	var done sync.WaitGroup
+	for i := range n {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ids[i] = owner.Of(context.Background())
+			ready.Done()
+			release.Wait() // keep every goroutine alive until all ids are read
+		}()
+	}
+	ready.Wait()
+	release.Done()
+	done.Wait()
+	seen := make(map[owner.ID]int, n)
+	for i, id := range ids {
+		if id == 0 || id.IsFlow() {
+			t.Fatalf("goroutine %d got id %v", i, id)
+		}
+		if j, dup := seen[id]; dup {
+			t.Fatalf("goroutines %d and %d share id %v", i, j, id)
+		}
+		seen[id] = i
+	}
+}
+
+func TestTokensAndGoroutinesNeverCollide(t *testing.T) {
+	g := owner.Goroutine()
+	for range 1000 {
+		f, _ := owner.FromContext(owner.NewContext(context.Background()))
+		if f == g || !f.IsFlow() {
+			t.Fatalf("flow token %v collides with goroutine id space", f)
+		}
+	}
+}
+
+func TestString(t *testing.T) {
+	ctx := owner.NewContext(context.Background())
+	f, _ := owner.FromContext(ctx)
+	if s := f.String(); !strings.HasPrefix(s, "flow#") || strings.Contains(s, "9223372036854775") {
+		t.Fatalf("flow String = %q; want flow#N with the marker bit removed", s)
+	}
+	g := owner.Goroutine()
+	if s, want := g.String(), "goroutine#"+strconv.FormatUint(uint64(g), 10); s != want {
+		t.Fatalf("goroutine String = %q, want %q", s, want)
+	}
+	if s := owner.ID(0).String(); s != "none" {
+		t.Fatalf("ID(0).String() = %q", s)
+	}
+}
