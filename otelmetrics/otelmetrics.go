@@ -1,0 +1,183 @@
+// Package otelmetrics reports fairlock Lockers' metrics to OpenTelemetry.
+//
+//	obs, err := otelmetrics.New(meterProvider) // nil: otel.GetMeterProvider()
+//	if err != nil { … }
+//	locks := fairlock.New[string](fairlock.WithName("orders"), fairlock.WithObserver(obs))
+//
+// The instruments (docs/metrics.md says what each tells an operator):
+//
+//	fairlock.lock.acquisitions   Int64Counter                 {acquisition}  fairlock.locker, fairlock.result
+//	fairlock.lock.wait.duration  Float64Histogram             s              fairlock.locker, fairlock.result
+//	fairlock.lock.hold.duration  Float64Histogram             s              fairlock.locker
+//	fairlock.lock.held           Int64ObservableUpDownCounter {key}          fairlock.locker
+//	fairlock.lock.waiters        Int64ObservableUpDownCounter {waiter}       fairlock.locker
+//
+// fairlock.result is one of acquired, reentrant, canceled,
+// deadline_exceeded, would_block, closed, deadlock. Keys are never
+// attributes: their cardinality is unbounded. Attribute sets are built once
+// per Locker and result, so recording allocates nothing per operation in
+// this package.
+package otelmetrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fairlock/fairlock/fairlock"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+const (
+	// ScopeName is the instrumentation scope: this package's import path.
+	ScopeName = "github.com/fairlock/fairlock/otelmetrics"
+	// Version is the instrumentation scope's version.
+	Version = "0.1.0"
+)
+
+// Attribute keys.
+const (
+	LockerKey = attribute.Key("fairlock.locker") // the Locker's WithName
+	ResultKey = attribute.Key("fairlock.result") // a fairlock.Result's String
+)
+
+// DurationBuckets are the explicit histogram boundaries, in seconds, of
+// both duration histograms: 1-2.5-5 steps from 1µs to 10s, the span from an
+// uncontended hand-off to a stuck holder.
+var DurationBuckets = []float64{
+	1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+	1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+}
+
+// observer is the fairlock.Observer: the instruments, shared by every
+// Locker it serves, and the set of Lockers whose gauges it reports.
+type observer struct {
+	acquisitions metric.Int64Counter
+	wait         metric.Float64Histogram
+	hold         metric.Float64Histogram
+	held         metric.Int64ObservableUpDownCounter
+	waiters      metric.Int64ObservableUpDownCounter
+
+	mu      sync.Mutex
+	lockers map[*lockerObserver]struct{} // guarded by mu: open Lockers
+}
+
+// New returns a fairlock.Observer that records to meters from mp (nil means
+// otel.GetMeterProvider()). It creates the instruments and registers one
+// callback for both gauges; it returns the first error the meter reports.
+// One Observer may serve any number of Lockers (pass it to each with
+// fairlock.WithObserver); each reports under its own fairlock.locker.
+func New(mp metric.MeterProvider) (fairlock.Observer, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+	o := &observer{lockers: make(map[*lockerObserver]struct{})}
+	var err error
+	if o.acquisitions, err = m.Int64Counter("fairlock.lock.acquisitions",
+		metric.WithUnit("{acquisition}"),
+		metric.WithDescription("The number of Lock and TryLock calls, by result."),
+	); err != nil {
+		return nil, err
+	}
+	if o.wait, err = m.Float64Histogram("fairlock.lock.wait.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("The time Lock calls spent queued for a key, by result; calls that never queued record 0."),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...),
+	); err != nil {
+		return nil, err
+	}
+	if o.hold, err = m.Float64Histogram("fairlock.lock.hold.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("The time keys were held, from grant to Unlock."),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...),
+	); err != nil {
+		return nil, err
+	}
+	if o.held, err = m.Int64ObservableUpDownCounter("fairlock.lock.held",
+		metric.WithUnit("{key}"),
+		metric.WithDescription("The number of keys held right now."),
+	); err != nil {
+		return nil, err
+	}
+	if o.waiters, err = m.Int64ObservableUpDownCounter("fairlock.lock.waiters",
+		metric.WithUnit("{waiter}"),
+		metric.WithDescription("The number of Lock calls queued for a held key right now."),
+	); err != nil {
+		return nil, err
+	}
+	if _, err = m.RegisterCallback(o.observe, o.held, o.waiters); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// observe reports every open Locker's gauges.
+func (o *observer) observe(_ context.Context, obs metric.Observer) error {
+	o.mu.Lock()
+	open := make([]*lockerObserver, 0, len(o.lockers))
+	for lo := range o.lockers {
+		open = append(open, lo)
+	}
+	o.mu.Unlock()
+	for _, lo := range open {
+		st := lo.stats()
+		obs.ObserveInt64(o.held, int64(st.Keys), lo.gaugeOpts...)
+		obs.ObserveInt64(o.waiters, int64(st.Waiters), lo.gaugeOpts...)
+	}
+	return nil
+}
+
+// Register implements fairlock.Observer.
+func (o *observer) Register(name string, stats func() fairlock.Stats) fairlock.LockerObserver {
+	locker := LockerKey.String(name)
+	lo := &lockerObserver{o: o, stats: stats}
+	lo.gaugeOpts = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(locker))}
+	lo.holdOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(locker))}
+	for _, r := range fairlock.Results() {
+		set := attribute.NewSet(locker, ResultKey.String(r.String()))
+		lo.addOpts[r] = []metric.AddOption{metric.WithAttributeSet(set)}
+		lo.waitOpts[r] = []metric.RecordOption{metric.WithAttributeSet(set)}
+	}
+	o.mu.Lock()
+	o.lockers[lo] = struct{}{}
+	o.mu.Unlock()
+	return lo
+}
+
+// numResults bounds the per-result option arrays.
+const numResults = int(fairlock.Deadlock) + 1
+
+// lockerObserver records one Locker's events with option slices built once.
+type lockerObserver struct {
+	o         *observer
+	stats     func() fairlock.Stats
+	addOpts   [numResults][]metric.AddOption
+	waitOpts  [numResults][]metric.RecordOption
+	holdOpts  []metric.RecordOption
+	gaugeOpts []metric.ObserveOption
+}
+
+// Acquire implements fairlock.LockerObserver.
+func (lo *lockerObserver) Acquire(r fairlock.Result, wait time.Duration) {
+	if int(r) >= numResults {
+		return
+	}
+	ctx := context.Background()
+	lo.o.acquisitions.Add(ctx, 1, lo.addOpts[r]...)
+	lo.o.wait.Record(ctx, wait.Seconds(), lo.waitOpts[r]...)
+}
+
+// Release implements fairlock.LockerObserver.
+func (lo *lockerObserver) Release(hold time.Duration) {
+	lo.o.hold.Record(context.Background(), hold.Seconds(), lo.holdOpts...)
+}
+
+// Unregister implements fairlock.LockerObserver: the Locker's gauges stop.
+func (lo *lockerObserver) Unregister() {
+	lo.o.mu.Lock()
+	delete(lo.o.lockers, lo)
+	lo.o.mu.Unlock()
+}
