@@ -1,0 +1,348 @@
+package debug_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/debug"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/owner"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// scene is a debug Locker with one key held by a flow and two waiters
+// queued behind it, plus a second held key, and the counters bumped once.
+type scene struct {
+	l       *fairlock.Locker[string]
+	holder  owner.ID // of "hot", a flow
+	cold    owner.ID // of "cold", the goroutine that built the scene
+	waiters []owner.ID
+	release func()
+}
+
+func newScene(t *testing.T, name string, opts ...fairlock.Option) *scene {
+	t.Helper()
+	ctx := context.Background()
+	l := fairlock.New[string](append([]fairlock.Option{fairlock.WithName(name), fairlock.WithDebug()}, opts...)...)
+	flow := owner.NewContext(ctx)
+	s := &scene{l: l}
+	s.holder, _ = owner.FromContext(flow)
+	hot, err := l.Lock(flow, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(flow, "hot"); err == nil { // one reentrant attempt
+		t.Fatal("reentrant Lock succeeded")
+	}
+	time.Sleep(2 * time.Millisecond) // so "hot" is held longer than "cold"
+	cold, _ := l.Lock(ctx, "cold")
+	s.cold = owner.Goroutine()
+	stale := cold
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wctx := owner.NewContext(ctx)
+		id, _ := owner.FromContext(wctx)
+		s.waiters = append(s.waiters, id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := l.Lock(wctx, "hot")
+			if err == nil {
+				g.Unlock()
+			}
+		}()
+		for l.Waiters("hot") != i+1 {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	s.release = func() {
+		cold.Unlock()
+		stale.Unlock() // one double unlock
+		hot.Unlock()
+		wg.Wait()
+		if err := l.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+	return s
+}
+
+// want is the expected state of a scene, times left out.
+func (s *scene) want(name string) debug.LockerState {
+	ws := make([]debug.WaiterState, len(s.waiters))
+	for i, id := range s.waiters {
+		ws[i] = debug.WaiterState{Owner: id.String()}
+	}
+	return debug.LockerState{
+		Name: name, Keys: 2, Waiters: 2, Reentrant: 1,
+		Held: []debug.KeyState{
+			{Key: `"hot"`, Holder: s.holder.String(), Waiters: ws},
+			{Key: `"cold"`, Holder: s.cold.String(), Waiters: []debug.WaiterState{}},
+		},
+	}
+}
+
+var ignoreTimes = cmp.Options{
+	cmpopts.IgnoreFields(debug.LockerState{}, "Time"),
+	cmpopts.IgnoreFields(debug.KeyState{}, "HeldSince", "HeldFor"),
+	cmpopts.IgnoreFields(debug.WaiterState{}, "Since", "WaitFor"),
+}
+
+func findLocker(t *testing.T, states []debug.LockerState, name string) debug.LockerState {
+	t.Helper()
+	for _, st := range states {
+		if st.Name == name {
+			return st
+		}
+	}
+	t.Fatalf("no locker %q in %d states", name, len(states))
+	return debug.LockerState{}
+}
+
+func TestSnapshot(t *testing.T) {
+	s := newScene(t, "snap")
+	defer s.release()
+	st := findLocker(t, debug.Snapshot(), "snap")
+	if diff := cmp.Diff(s.want("snap"), st, ignoreTimes); diff != "" {
+		t.Fatalf("Snapshot (-want +got):\n%s", diff)
+	}
+	hot, cold := st.Held[0], st.Held[1]
+	if hot.HeldFor < cold.HeldFor || hot.HeldFor <= 0 {
+		t.Errorf("held keys not longest first: hot %v, cold %v", hot.HeldFor, cold.HeldFor)
+	}
+	if w := hot.Waiters; w[0].WaitFor < w[1].WaitFor {
+		t.Errorf("waiters not in queue order: %v then %v", w[0].WaitFor, w[1].WaitFor)
+	}
+	if !hot.HeldSince.Add(hot.HeldFor).Equal(st.Time) {
+		t.Errorf("HeldSince %v + HeldFor %v != Time %v", hot.HeldSince, hot.HeldFor, st.Time)
+	}
+}
+
+func TestRegistryNamesAndClose(t *testing.T) {
+	a := fairlock.New[int](fairlock.WithName("dup"), fairlock.WithDebug())
+	b := fairlock.New[int](fairlock.WithName("dup"), fairlock.WithDebug())
+	anon := fairlock.New[int](fairlock.WithDebug())
+	names := map[string]bool{}
+	for _, st := range debug.Snapshot() {
+		names[st.Name] = true
+	}
+	if !names["dup"] || !names["dup#2"] {
+		t.Errorf("duplicate names not suffixed: %v", names)
+	}
+	found := false
+	for n := range names {
+		found = found || strings.HasPrefix(n, "fairlock-")
+	}
+	if !found {
+		t.Errorf("unnamed locker has no generated fairlock-N name: %v", names)
+	}
+	ctx := context.Background()
+	for _, l := range []*fairlock.Locker[int]{a, b, anon} {
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range debug.Snapshot() {
+		if strings.HasPrefix(st.Name, "dup") {
+			t.Errorf("closed locker %q still registered", st.Name)
+		}
+	}
+	plain := fairlock.New[int](fairlock.WithName("no-debug"))
+	defer plain.Close(ctx)
+	for _, st := range debug.Snapshot() {
+		if st.Name == "no-debug" {
+			t.Error("a Locker without WithDebug is registered")
+		}
+	}
+}
+
+func TestDumpText(t *testing.T) {
+	s := newScene(t, "dump", fairlock.WithLongHeld(time.Millisecond), fairlock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer s.release()
+	time.Sleep(3 * time.Millisecond) // past the long-held threshold
+	var buf bytes.Buffer
+	if err := debug.Dump(&buf); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	block := text[strings.Index(text, `fairlock "dump"`):]
+	lines := strings.Split(block, "\n")
+	if !strings.Contains(lines[0], "2 keys, 2 waiters, long-held after 1ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused") {
+		t.Errorf("header line %q", lines[0])
+	}
+	if !strings.HasPrefix(strings.TrimSpace(lines[1]), `"hot" held`) || !strings.HasSuffix(lines[1], "by "+s.holder.String()+" LONG") {
+		t.Errorf("first key line %q: want the longest-held key first, its holder, LONG", lines[1])
+	}
+	for i, id := range s.waiters {
+		if want := fmt.Sprintf("waiter %d: %s waiting", i+1, id); !strings.Contains(lines[2+i], want) {
+			t.Errorf("line %q lacks %q", lines[2+i], want)
+		}
+	}
+	if !strings.HasPrefix(strings.TrimSpace(lines[4]), `"cold" held`) {
+		t.Errorf("second key line %q", lines[4])
+	}
+}
+
+func TestStacks(t *testing.T) {
+	s := newScene(t, "stacks", fairlock.WithStacks())
+	defer s.release()
+	st := findLocker(t, debug.Snapshot(), "stacks")
+	if len(st.Held[0].Stack) == 0 || !strings.Contains(st.Held[0].Stack[0], "newScene") {
+		t.Fatalf("holder stack %q does not start at the Lock caller", st.Held[0].Stack)
+	}
+	if len(st.Held[0].Waiters[0].Stack) == 0 {
+		t.Fatal("waiter stack missing with WithStacks")
+	}
+	plain := newScene(t, "nostacks")
+	defer plain.release()
+	if st := findLocker(t, debug.Snapshot(), "nostacks"); st.Held[0].Stack != nil {
+		t.Fatal("stack recorded without WithStacks")
+	}
+}
+
+func get(t *testing.T, url string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+func TestHandler(t *testing.T) {
+	s := newScene(t, "http")
+	defer s.release()
+	mux := http.NewServeMux()
+	mux.Handle("/debug/fairlock/", debug.Handler())
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	base := srv.URL + "/debug/fairlock/"
+
+	t.Run("text", func(t *testing.T) {
+		resp, body := get(t, base)
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
+		}
+		if !strings.Contains(body, `fairlock "http": 2 keys, 2 waiters`) {
+			t.Fatalf("text body lacks the locker:\n%s", body)
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		resp, body := get(t, base+"?format=json&locker=http")
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
+		}
+		var got []debug.LockerState
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]debug.LockerState{s.want("http")}, got, ignoreTimes); diff != "" {
+			t.Fatalf("JSON (-want +got):\n%s", diff)
+		}
+		if got[0].Held[0].HeldFor <= 0 || got[0].Held[0].HeldSince.IsZero() {
+			t.Fatalf("times lost in JSON: %+v", got[0].Held[0])
+		}
+		for _, field := range []string{`"held_for_ns"`, `"held_since"`, `"wait_for_ns"`, `"double_unlocks"`, `"reentrant"`} {
+			if !strings.Contains(body, field) {
+				t.Errorf("JSON lacks documented field %s", field)
+			}
+		}
+	})
+	t.Run("text filtered", func(t *testing.T) {
+		other := fairlock.New[int](fairlock.WithName("other"), fairlock.WithDebug())
+		defer other.Close(context.Background())
+		_, body := get(t, base+"?locker=http")
+		if !strings.Contains(body, `fairlock "http"`) || strings.Contains(body, `fairlock "other"`) {
+			t.Fatalf("filter did not keep exactly the named locker:\n%s", body)
+		}
+	})
+	for _, bad := range []struct {
+		query  string
+		status int
+	}{
+		{"?locker=nope", http.StatusNotFound},
+		{"?format=xml", http.StatusBadRequest},
+	} {
+		resp, body := get(t, base+bad.query)
+		if resp.StatusCode != bad.status || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: status %d (want %d), body %q", bad.query, resp.StatusCode, bad.status, body)
+		}
+	}
+	resp, err := http.Post(base, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST: status %d, want 405", resp.StatusCode)
+	}
+}
+
+func TestHandlerHonoursRequestContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/debug/fairlock/", nil)
+	rec := httptest.NewRecorder()
+	debug.Handler().ServeHTTP(rec, req)
+	if rec.Body.Len() != 0 {
+		t.Fatalf("wrote %d bytes for a request whose client is gone", rec.Body.Len())
+	}
+}
+
+// TestDumpWhileChurning dumps continuously while goroutines lock, wait,
+// cancel and unlock: the race detector checks the debug reads.
+func TestDumpWhileChurning(t *testing.T) {
+	l := fairlock.New[int](fairlock.WithName("churn"), fairlock.WithStacks(), fairlock.WithLongHeld(time.Millisecond),
+		fairlock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				lctx, cancel := context.WithTimeout(ctx, time.Duration(i%3)*100*time.Microsecond)
+				g, err := l.Lock(lctx, (w+i)%4)
+				cancel()
+				if err == nil {
+					g.Unlock()
+				}
+			}
+		}()
+	}
+	dumps := 0
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); dumps++ {
+		if err := debug.Dump(io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		_ = debug.Snapshot()
+	}
+	stop()
+	wg.Wait()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if l.Len() != 0 {
+		t.Fatalf("Len = %d after churn", l.Len())
+	}
+	t.Logf("%d dumps during churn", dumps)
+}
