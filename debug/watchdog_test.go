@@ -24,8 +24,8 @@ type capture struct {
 func newCapture() *capture { return &capture{records: make(chan map[string]any, 100)} }
 
 func (c *capture) Enabled(context.Context, slog.Level) bool { return true }
-func (c *capture) WithAttrs([]slog.Attr) slog.Handler        { return c }
-func (c *capture) WithGroup(string) slog.Handler             { return c }
+func (c *capture) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *capture) WithGroup(string) slog.Handler            { return c }
 func (c *capture) Handle(_ context.Context, r slog.Record) error {
 	m := map[string]any{"msg": r.Message, "level": r.Level}
 	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.Any(); return true })
