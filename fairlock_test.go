@@ -478,3 +478,37 @@ func TestLenTracksLiveKeys(t *testing.T) {
 		t.Fatalf("Len = %d when idle", l.Len())
 	}
 }
+
+// TestManyLiveKeysInOneShard drives one shard far past its inline slots
+// (into its overflow map, and past the size at which that map is dropped
+// once empty), releasing in a scrambled order, then reuses it.
+func TestManyLiveKeysInOneShard(t *testing.T) {
+	ctx := context.Background()
+	l := fairlock.New[int](fairlock.WithShards(1))
+	for round := range 2 {
+		const n = 3000
+		guards := make([]fairlock.Guard[int], n)
+		for k := range n {
+			g, err := l.TryLock(ctx, k)
+			if err != nil {
+				t.Fatalf("round %d, key %d: %v", round, k, err)
+			}
+			guards[k] = g
+		}
+		if l.Len() != n {
+			t.Fatalf("Len = %d, want %d", l.Len(), n)
+		}
+		for k := range n {
+			if !l.Locked(k) {
+				t.Fatalf("key %d not locked", k)
+			}
+		}
+		for i := range n {
+			k := (i * 7919) % n // a permutation: 7919 is prime and does not divide n
+			guards[k].Unlock()
+			if l.Locked(k) || l.Len() != n-i-1 {
+				t.Fatalf("after unlocking %d keys: Locked(%d) = %v, Len = %d", i+1, k, l.Locked(k), l.Len())
+			}
+		}
+	}
+}

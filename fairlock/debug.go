@@ -62,9 +62,9 @@ func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		st.Keys += len(s.entries)
+		st.Keys += s.live
 		st.Waiters += s.waiting
-		for _, e := range s.entries {
+		for e := range s.entries() {
 			k := debug.KeyState{
 				Key:       formatKey(e.key),
 				Holder:    e.holder.String(),
@@ -165,7 +165,7 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) [
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		for _, e := range s.entries {
+		for e := range s.entries() {
 			if age := now.Sub(e.grantedAt); due(age, &e.warned) {
 				out = append(out, warning{msg: "fairlock: lock held too long", key: formatKey(e.key), owner: e.holder.String(), age: age, stack: e.stack})
 			}

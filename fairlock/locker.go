@@ -64,33 +64,12 @@ type Locker[K comparable] struct {
 	drained   chan struct{} // closed when draining reaches 0
 }
 
-// shard is one slice of the key space: a mutex and the entries of the keys
-// that hash to it. Padded so neighbouring shards' mutexes do not share a
-// cache line.
-type shard[K comparable] struct {
-	l       *Locker[K]
-	mu      sync.Mutex
-	entries map[K]*entry[K] // guarded by mu: the live keys
-	free    []*entry[K]     // guarded by mu: recycled entries, at most maxFree
-	waiting int             // guarded by mu: waiters over all entries
-	gen     uint64          // guarded by mu: last grant generation handed out
-	peak    int             // guarded by mu: most entries since entries was made
-	closed  bool            // guarded by mu: Close has run over this shard
-	_       [64]byte
-}
-
-const (
-	maxFree = 16 // recycled entries kept per shard
-	// shrinkAt: a shard's map that grew past this many keys is replaced by
-	// a fresh one once it empties, since Go maps never shrink.
-	shrinkAt = 1024
-)
-
 // entry is the state of one live key. It exists while the key has a
 // holder; waiters always queue behind a holder (hand-off never leaves a key
 // free with waiters).
 type entry[K comparable] struct {
 	key     K
+	slot    int                        // guarded by s.mu: index in s.slots, or -1 in s.overflow
 	holder  owner.ID                   // guarded by s.mu
 	gen     uint64                     // guarded by s.mu: current grant; 0 when recycled
 	waiters waitqueue.Queue[waitState] // guarded by s.mu
@@ -157,7 +136,6 @@ func New[K comparable](opts ...Option) *Locker[K] {
 	}
 	for i := range l.shards {
 		l.shards[i].l = l
-		l.shards[i].entries = make(map[K]*entry[K])
 	}
 	if cfg.deadlocks {
 		l.detector = newDetector[K]()
@@ -172,8 +150,10 @@ func New[K comparable](opts ...Option) *Locker[K] {
 	return l
 }
 
-func (l *Locker[K]) shardOf(key K) *shard[K] {
-	return &l.shards[maphash.Comparable(l.seed, key)&l.mask]
+// shardOf returns key's shard and its tag there (the key's hash, never 0).
+func (l *Locker[K]) shardOf(key K) (*shard[K], uint64) {
+	h := maphash.Comparable(l.seed, key)
+	return &l.shards[h&l.mask], h | 1
 }
 
 // now reads the clock only when someone will look at the time.
@@ -214,12 +194,12 @@ func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
 		stack = captureStack()
 	}
 	now := l.now()
-	s := l.shardOf(key)
+	s, tag := l.shardOf(key)
 	s.mu.Lock()
-	if e, ok := s.entries[key]; ok || s.closed {
+	if e := s.find(key, tag); e != nil || s.closed {
 		return l.lockSlow(ctx, s, e, key, id, now, stack)
 	}
-	g := s.grantNew(key, id, now, stack)
+	g := s.grantNew(key, tag, id, now, stack)
 	s.mu.Unlock()
 	if l.obs != nil {
 		l.obs.Acquire(Acquired, 0)
@@ -248,19 +228,19 @@ func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 		stack = captureStack()
 	}
 	now := l.now()
-	s := l.shardOf(key)
+	s, tag := l.shardOf(key)
 	s.mu.Lock()
-	e, ok := s.entries[key]
+	e := s.find(key, tag)
 	var err error
 	switch {
 	case s.closed:
 		err = ErrClosed
-	case ok && e.holder == id:
+	case e != nil && e.holder == id:
 		err = ErrReentrant
-	case ok:
+	case e != nil:
 		err = ErrWouldBlock
 	default:
-		g := s.grantNew(key, id, now, stack)
+		g := s.grantNew(key, tag, id, now, stack)
 		s.mu.Unlock()
 		if l.obs != nil {
 			l.obs.Acquire(Acquired, 0)
@@ -273,7 +253,7 @@ func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 
 // grantNew makes key's entry with id as its holder. s.mu is held and key
 // has no entry.
-func (s *shard[K]) grantNew(key K, id owner.ID, now time.Time, stack []uintptr) Guard[K] {
+func (s *shard[K]) grantNew(key K, tag uint64, id owner.ID, now time.Time, stack []uintptr) Guard[K] {
 	var e *entry[K]
 	if n := len(s.free); n > 0 {
 		e = s.free[n-1]
@@ -282,10 +262,7 @@ func (s *shard[K]) grantNew(key K, id owner.ID, now time.Time, stack []uintptr) 
 		e = new(entry[K])
 	}
 	e.key = key
-	s.entries[key] = e
-	if len(s.entries) > s.peak {
-		s.peak = len(s.entries)
-	}
+	s.insert(e, tag)
 	s.gen++
 	e.holder, e.gen, e.grantedAt, e.stack, e.warned = id, s.gen, now, stack, 0
 	return Guard[K]{e: e, s: s, gen: e.gen, key: key}
@@ -413,14 +390,14 @@ func (g Guard[K]) release(report bool) bool {
 		s.mu.Unlock()
 		return false
 	}
-	heldFor := now.Sub(e.grantedAt)
+	grantedAt := e.grantedAt
 	next := s.handOff(e, now)
 	s.mu.Unlock()
 	if next != nil {
 		next.Signal()
 	}
 	if report && l.obs != nil {
-		l.obs.Release(heldFor)
+		l.obs.Release(now.Sub(grantedAt))
 	}
 	return true
 }
@@ -446,27 +423,22 @@ func (s *shard[K]) handOff(e *entry[K], now time.Time) *waiter {
 
 // remove deletes the idle entry e and recycles it. s.mu is held.
 func (s *shard[K]) remove(e *entry[K]) {
-	delete(s.entries, e.key)
+	s.delete(e)
 	*e = entry[K]{}
 	if len(s.free) < maxFree {
 		s.free = append(s.free, e)
 	}
-	if len(s.entries) == 0 {
-		if s.peak > shrinkAt {
-			s.entries, s.peak = make(map[K]*entry[K]), 0
-		}
-		if s.closed {
-			s.l.shardDrained()
-		}
+	if s.live == 0 && s.closed {
+		s.l.shardDrained()
 	}
 }
 
 // Locked reports whether key is held at this instant. It takes one shard
 // mutex and allocates nothing.
 func (l *Locker[K]) Locked(key K) bool {
-	s := l.shardOf(key)
+	s, tag := l.shardOf(key)
 	s.mu.Lock()
-	_, ok := s.entries[key]
+	ok := s.find(key, tag) != nil
 	s.mu.Unlock()
 	return ok
 }
@@ -474,10 +446,10 @@ func (l *Locker[K]) Locked(key K) bool {
 // Waiters returns the number of Lock calls queued on key at this instant,
 // not counting the holder. It takes one shard mutex and allocates nothing.
 func (l *Locker[K]) Waiters(key K) int {
-	s := l.shardOf(key)
+	s, tag := l.shardOf(key)
 	s.mu.Lock()
 	n := 0
-	if e, ok := s.entries[key]; ok {
+	if e := s.find(key, tag); e != nil {
 		n = e.waiters.Len()
 	}
 	s.mu.Unlock()
@@ -498,7 +470,7 @@ func (l *Locker[K]) stats() Stats {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		st.Keys += len(s.entries)
+		st.Keys += s.live
 		st.Waiters += s.waiting
 		s.mu.Unlock()
 	}
@@ -538,7 +510,7 @@ func (l *Locker[K]) close() {
 		s := &l.shards[i]
 		s.mu.Lock()
 		s.closed = true
-		for _, e := range s.entries {
+		for e := range s.entries() {
 			for w := e.waiters.PopFront(); w != nil; w = e.waiters.PopFront() {
 				w.Value.outcome = closedOut
 				woken = append(woken, w)
@@ -548,7 +520,7 @@ func (l *Locker[K]) close() {
 			}
 		}
 		s.waiting = 0
-		if len(s.entries) > 0 {
+		if s.live > 0 {
 			l.draining.Add(1)
 		}
 		s.mu.Unlock()

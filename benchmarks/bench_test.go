@@ -1,0 +1,90 @@
+package benchmarks
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The scenarios as Go benchmarks, one sub-benchmark per implementation:
+//
+//	go test -bench . -benchmem
+//
+// cmd/compare runs the same code and prints ratios.
+
+func BenchmarkUncontended(b *testing.B) {
+	for _, impl := range Impls() {
+		b.Run(impl.Name, func(b *testing.B) { UncontendedLoop(b, impl) })
+	}
+}
+
+func BenchmarkParallelDistinct(b *testing.B) {
+	for _, impl := range Impls() {
+		if impl.SingleKey {
+			continue
+		}
+		b.Run(impl.Name, func(b *testing.B) { ParallelDistinctLoop(b, impl) })
+	}
+}
+
+// BenchmarkHotKey reports throughput, Jain's index and wait tails as
+// custom metrics, for G = 8, 32, 128 and a 2µs critical section. Each run
+// lasts b.N × 1ms of wall time.
+func BenchmarkHotKey(b *testing.B) {
+	for _, g := range []int{8, 32, 128} {
+		for _, impl := range Impls() {
+			b.Run("G="+strconv.Itoa(g)+"/"+impl.Name, func(b *testing.B) {
+				c := HotKey(impl, g, 2*time.Microsecond, time.Duration(b.N)*time.Millisecond)
+				report(b, c)
+			})
+		}
+	}
+}
+
+func report(b *testing.B, c Contended) {
+	b.ReportMetric(c.Throughput(), "ops/s")
+	b.ReportMetric(c.Jain(), "jain")
+	b.ReportMetric(float64(c.Quantile(0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(c.Quantile(1).Microseconds()), "max-µs")
+	b.ReportMetric(0, "ns/op")
+}
+
+// TestChurnLeavesNothing: after a million-key churn (a hundred thousand
+// under -short) fairlock holds no entry and retains no heap for it.
+func TestChurnLeavesNothing(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	r := Churn(Impls()[0], n)
+	if r.Entries != 0 {
+		t.Fatalf("fairlock keeps %d entries after churn", r.Entries)
+	}
+	// Less than a byte per key churned stays behind (the shards' maps are
+	// rebuilt once they empty).
+	if r.Retained > int64(n) {
+		t.Fatalf("fairlock retains %d bytes after churning %d keys (peak %d)", r.Retained, n, r.PeakHeap)
+	}
+	t.Logf("%+v", r)
+}
+
+// TestCancelStormLeaksNothing: waiters giving up at random leave no entry
+// behind, in fairlock and in the other cancellable lock.
+func TestCancelStormLeaksNothing(t *testing.T) {
+	for _, impl := range Impls() {
+		if !impl.Cancellable {
+			continue
+		}
+		c := CancelStorm(impl, 16, 2*time.Microsecond, 50*time.Microsecond, 100*time.Millisecond)
+		if c.Entries != 0 {
+			t.Errorf("%s: %d entries leaked after a cancellation storm", impl.Name, c.Entries)
+		}
+		if c.Ops == 0 || c.Failed == 0 {
+			t.Errorf("%s: storm had %d grants and %d give-ups; want both", impl.Name, c.Ops, c.Failed)
+		}
+	}
+}

@@ -1,0 +1,263 @@
+// Command compare runs every benchmark scenario against fairlock and its
+// peers in one process, one after another, and prints one table per
+// scenario with absolute figures and fairlock's ratio to each peer, the
+// machine on top, and the targets of docs/performance.md checked at the
+// end. It writes two PNG plots: the wait-time CDF on the hot key and
+// throughput against goroutines.
+//
+//	cd benchmarks && go run ./cmd/compare            # about two minutes
+//	cd benchmarks && go run ./cmd/compare -quick     # about fifteen seconds
+//
+// Ratios are fairlock ÷ peer: below 1 means fairlock is faster (for times)
+// or slower (for throughput). Each figure comes from one run on this
+// machine: compare runs, not numbers across machines.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fairlock/fairlock/benchmarks"
+)
+
+type settings struct {
+	quick   bool
+	run     time.Duration // per timed scenario and implementation
+	churn   int           // keys in the churn scenario
+	hold    time.Duration // hot-key critical section
+	out     string        // plot directory
+	noPlots bool
+}
+
+func main() {
+	var s settings
+	flag.BoolVar(&s.quick, "quick", false, "short runs (for CI): 150ms per timed run, 100k churn keys")
+	flag.StringVar(&s.out, "out", "results", "directory for the PNG plots")
+	flag.BoolVar(&s.noPlots, "noplots", false, "skip the plots")
+	flag.Parse()
+	s.run, s.churn, s.hold = 1500*time.Millisecond, 1_000_000, 2*time.Microsecond
+	testing.Init()
+	if s.quick {
+		s.run, s.churn = 150*time.Millisecond, 100_000
+		_ = flag.Set("test.benchtime", "100ms")
+	}
+	missed, err := compare(os.Stdout, s)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if missed > 0 {
+		fmt.Printf("\n%d target(s) missed on this run (see docs/performance.md)\n", missed)
+	}
+}
+
+func compare(w io.Writer, s settings) (missed int, err error) {
+	impls := benchmarks.Impls()
+	fair := impls[0]
+	fmt.Fprintf(w, "fairlock vs peers: %s\n", machine())
+	fmt.Fprintf(w, "mode: %s; ratios are fairlock ÷ peer\n", map[bool]string{true: "-quick", false: "full"}[s.quick])
+
+	// 1 and 2: per-operation costs.
+	ops := map[string]map[string]benchmarks.OpResult{"uncontended": {}, "parallel": {}}
+	for _, impl := range impls {
+		ops["uncontended"][impl.Name] = benchmarks.Uncontended(impl)
+		if !impl.SingleKey {
+			ops["parallel"][impl.Name] = benchmarks.ParallelDistinct(impl)
+		}
+	}
+	for _, sc := range []struct{ key, title string }{
+		{"uncontended", "1. Uncontended Lock+Unlock over 4096 keys, one goroutine"},
+		{"parallel", fmt.Sprintf("2. Parallel, each goroutine on its own keys (RunParallel, GOMAXPROCS=%d)", runtime.GOMAXPROCS(0))},
+	} {
+		tw := table(w, sc.title, "impl", "ns/op", "allocs/op", "B/op", "fairlock ÷ peer (time)")
+		f := ops[sc.key][fair.Name]
+		for _, impl := range impls {
+			r, ok := ops[sc.key][impl.Name]
+			if !ok {
+				continue
+			}
+			row(tw, impl.Name, fmt.Sprintf("%.1f", r.NsPerOp), r.AllocsPerOp, r.BytesPerOp, ratio(f.NsPerOp, r.NsPerOp))
+		}
+		tw.Flush()
+	}
+
+	// 3: hot key.
+	hot := map[int]map[string]benchmarks.Contended{}
+	gs := []int{8, 32, 128}
+	for _, g := range gs {
+		hot[g] = map[string]benchmarks.Contended{}
+		for _, impl := range impls {
+			hot[g][impl.Name] = benchmarks.HotKey(impl, g, s.hold, s.run)
+		}
+		contendedTable(w, fmt.Sprintf("3. Hot key, G=%d goroutines, %v critical section", g, s.hold), impls, hot[g])
+	}
+
+	// 4: Zipf.
+	zipf := map[string]benchmarks.Contended{}
+	for _, impl := range impls {
+		if !impl.SingleKey {
+			zipf[impl.Name] = benchmarks.Zipf(impl, 64, 100_000, 1.1, time.Microsecond, s.run)
+		}
+	}
+	contendedTable(w, "4. Zipf(s=1.1) keys over 100k keys, 64 goroutines, 1µs critical section", impls, zipf)
+
+	// 5: churn.
+	tw := table(w, fmt.Sprintf("5. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
+		"impl", "B/key", "allocs/key", "heap at peak", "heap retained after", "entries after")
+	churn := map[string]benchmarks.ChurnResult{}
+	for _, impl := range impls {
+		if !impl.Unbounded {
+			continue
+		}
+		c := benchmarks.Churn(impl, s.churn)
+		churn[impl.Name] = c
+		row(tw, impl.Name, fmt.Sprintf("%.0f", c.BytesPerKey), fmt.Sprintf("%.2f", c.AllocsPerKey), mib(c.PeakHeap), mib(c.Retained), c.Entries)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "   (k8s/keymutex keeps a fixed array of mutexes and deadlocks a goroutine holding two colliding keys; sync.Mutex is one key)")
+
+	// 6: cancellation storm.
+	tw = table(w, "6. Cancellation storm: 32 goroutines on a hot key, random timeouts up to 50µs, 2µs critical section",
+		"impl", "grants/s", "give-ups", "p99 wait", "entries left", "fairlock ÷ peer (grants/s)")
+	storm := map[string]benchmarks.Contended{}
+	for _, impl := range impls {
+		if impl.Cancellable {
+			storm[impl.Name] = benchmarks.CancelStorm(impl, 32, s.hold, 50*time.Microsecond, s.run)
+		}
+	}
+	for _, impl := range impls {
+		c, ok := storm[impl.Name]
+		if !ok {
+			continue
+		}
+		row(tw, impl.Name, fmt.Sprintf("%.0f", c.Throughput()), c.Failed, dur(c.Quantile(0.99)), c.Entries, ratio(storm[fair.Name].Throughput(), c.Throughput()))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "   (the other peers cannot give up a wait: no context)")
+
+	missed = checkTargets(w, ops, hot[32], churn[fair.Name], storm[fair.Name])
+	if !s.noPlots {
+		if err := os.MkdirAll(s.out, 0o755); err != nil {
+			return missed, err
+		}
+		cdf := filepath.Join(s.out, "hotkey-wait-cdf.png")
+		thr := filepath.Join(s.out, "hotkey-throughput.png")
+		if err := plotWaitCDF(cdf, impls, hot[32]); err != nil {
+			return missed, err
+		}
+		if err := plotThroughput(thr, impls, gs, hot); err != nil {
+			return missed, err
+		}
+		fmt.Fprintf(w, "\nplots: %s, %s\n", cdf, thr)
+	}
+	return missed, nil
+}
+
+func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
+	tw := table(w, title, "impl", "ops/s", "Jain", "p50 wait", "p99 wait", "max wait", "fairlock ÷ peer (ops/s)", "fairlock ÷ peer (max wait)")
+	f := rs[impls[0].Name]
+	for _, impl := range impls {
+		c, ok := rs[impl.Name]
+		if !ok {
+			continue
+		}
+		row(tw, impl.Name, fmt.Sprintf("%.0f", c.Throughput()), fmt.Sprintf("%.3f", c.Jain()),
+			dur(c.Quantile(0.5)), dur(c.Quantile(0.99)), dur(c.Quantile(1)),
+			ratio(f.Throughput(), c.Throughput()), ratio(float64(f.Quantile(1)), float64(c.Quantile(1))))
+	}
+	tw.Flush()
+}
+
+// checkTargets prints each target of issue #6 with the measured value and
+// returns how many were missed.
+func checkTargets(w io.Writer, ops map[string]map[string]benchmarks.OpResult, hot32 map[string]benchmarks.Contended,
+	churn benchmarks.ChurnResult, storm benchmarks.Contended) int {
+	fmt.Fprintf(w, "\nTargets\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	missed := 0
+	check := func(what string, got float64, op string, bound float64) {
+		ok := (op == "<=" && got <= bound) || (op == ">=" && got >= bound)
+		if !ok {
+			missed++
+		}
+		fmt.Fprintf(tw, "  %s\t%.3f %s %.3f\t%s\n", what, got, op, bound, map[bool]string{true: "met", false: "MISSED"}[ok])
+	}
+	for _, sc := range []string{"uncontended", "parallel"} {
+		f := ops[sc]["fairlock"]
+		check(sc+": time ÷ moby/locker", f.NsPerOp/ops[sc]["moby/locker"].NsPerOp, "<=", 0.5)
+		check(sc+": time ÷ containerd/kmutex", f.NsPerOp/ops[sc]["containerd/kmutex"].NsPerOp, "<=", 0.25)
+		check(sc+": allocs/op", float64(f.AllocsPerOp), "<=", 0)
+	}
+	f := hot32["fairlock"]
+	check("hot key G=32: Jain", f.Jain(), ">=", 0.99)
+	check("hot key G=32: max wait ÷ moby/locker", float64(f.Quantile(1))/float64(hot32["moby/locker"].Quantile(1)), "<=", 0.25)
+	check("hot key G=32: ops/s ÷ moby/locker", f.Throughput()/hot32["moby/locker"].Throughput(), ">=", 0.7)
+	check("hot key G=32: ops/s ÷ containerd/kmutex", f.Throughput()/hot32["containerd/kmutex"].Throughput(), ">=", 1.0)
+	check("churn: entries after", float64(churn.Entries), "<=", 0)
+	check("churn: retained heap, bytes per key churned", float64(churn.Retained)/float64(churn.Keys), "<=", 1)
+	check("cancellation storm: entries left", float64(storm.Entries), "<=", 0)
+	tw.Flush()
+	return missed
+}
+
+func table(w io.Writer, title string, cols ...string) *tabwriter.Writer {
+	fmt.Fprintf(w, "\n%s\n", title)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row(tw, toAny(cols)...)
+	return tw
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+func row(tw *tabwriter.Writer, cells ...any) {
+	for _, c := range cells {
+		fmt.Fprintf(tw, "%v\t", c)
+	}
+	fmt.Fprintln(tw)
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+	}
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
+
+// machine describes the CPU, cores and Go version.
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d cores, GOMAXPROCS=%d, %s %s/%s", cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}

@@ -1,0 +1,28 @@
+module github.com/fairlock/fairlock/benchmarks
+
+go 1.26.0
+
+require (
+	github.com/containerd/containerd v1.7.30
+	github.com/fairlock/fairlock v0.0.0
+	github.com/moby/locker v1.0.1
+	go.uber.org/goleak v1.3.0
+	gonum.org/v1/plot v0.17.0
+	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3
+)
+
+require (
+	codeberg.org/go-fonts/liberation v0.5.0 // indirect
+	codeberg.org/go-latex/latex v0.2.0 // indirect
+	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	git.sr.ht/~sbinet/gg v0.7.0 // indirect
+	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
+	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	github.com/petermattis/goid v0.0.0-20260820044319-269ab09b5261 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	golang.org/x/image v0.30.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.31.0 // indirect
+)
+
+replace github.com/fairlock/fairlock => ../

@@ -1,0 +1,239 @@
+// Package benchmarks measures fairlock side by side with the keyed locks
+// Go services would otherwise use. It is its own module, so the library
+// gains no dependency from it. cmd/compare runs every scenario and prints
+// one table of figures and ratios; bench_test.go has the same scenarios as
+// Go benchmarks.
+package benchmarks
+
+import (
+	"context"
+	"reflect"
+	"sync"
+
+	"github.com/containerd/containerd/pkg/kmutex"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/moby/locker"
+	"k8s.io/utils/keymutex"
+)
+
+// Impl is one keyed lock under test.
+type Impl struct {
+	Name string
+	// New makes a fresh lock.
+	New func() Keyed
+	// Cancellable: Lock honours its context (a waiter can give up).
+	Cancellable bool
+	// PerKeyState: the lock keeps state per key (so it can leak entries).
+	PerKeyState bool
+	// SingleKey: the lock ignores the key (the bare sync.Mutex floor); it
+	// only takes part in single-key scenarios.
+	SingleKey bool
+	// Unbounded: one goroutine may hold many distinct keys at once without
+	// deadlocking itself (false for hashed locks, where keys share mutexes).
+	Unbounded bool
+}
+
+// Keyed is a lock instance. Handles are per goroutine so that adapters
+// store what their Unlock needs without allocating.
+type Keyed interface {
+	Handle() Handle
+	// Entries returns how many per-key entries the lock holds now, or -1
+	// if it keeps none.
+	Entries() int
+}
+
+// pad keeps each goroutine's handle on cache lines of its own, so that
+// handles written on every operation do not share a line between cores.
+type pad [128]byte
+
+// Handle locks one key at a time for one goroutine.
+type Handle interface {
+	Lock(ctx context.Context, key string) error
+	Unlock()
+}
+
+// Impls lists fairlock first, then the peers.
+func Impls() []Impl {
+	return []Impl{
+		{Name: "fairlock", New: newFair, Cancellable: true, PerKeyState: true, Unbounded: true},
+		{Name: "moby/locker", New: newMoby, PerKeyState: true, Unbounded: true},
+		{Name: "containerd/kmutex", New: newContainerd, Cancellable: true, PerKeyState: true, Unbounded: true},
+		{Name: "k8s/keymutex", New: newK8s},
+		{Name: "map+refcount", New: newTextbook, PerKeyState: true, Unbounded: true},
+		{Name: "sync.Mutex", New: newBare, SingleKey: true},
+	}
+}
+
+// fairlock
+
+type fair struct{ l *fairlock.Locker[string] }
+
+func newFair() Keyed { return fair{fairlock.New[string]()} }
+
+func (f fair) Handle() Handle { return &fairHandle{l: f.l} }
+func (f fair) Entries() int   { return f.l.Len() }
+
+type fairHandle struct {
+	l *fairlock.Locker[string]
+	g fairlock.Guard[string]
+	_ pad
+}
+
+func (h *fairHandle) Lock(ctx context.Context, key string) (err error) {
+	h.g, err = h.l.Lock(ctx, key)
+	return err
+}
+func (h *fairHandle) Unlock() {
+	h.g.Unlock()
+	h.g = fairlock.Guard[string]{} // a spent Guard must not keep its entry alive
+}
+
+// github.com/moby/locker: a map of refcounted sync.Mutex behind a global
+// mutex; barging, no context.
+
+type moby struct{ l *locker.Locker }
+
+func newMoby() Keyed { return moby{locker.New()} }
+
+func (m moby) Handle() Handle { return &mobyHandle{l: m.l} }
+func (m moby) Entries() int   { return mapLen(m.l, "locks") }
+
+type mobyHandle struct {
+	l   *locker.Locker
+	key string
+	_   pad
+}
+
+func (h *mobyHandle) Lock(_ context.Context, key string) error {
+	h.l.Lock(key)
+	h.key = key
+	return nil
+}
+func (h *mobyHandle) Unlock() { _ = h.l.Unlock(h.key) }
+
+// github.com/containerd/containerd/pkg/kmutex: a map of refcounted
+// x/sync semaphores (FIFO, context-aware).
+
+type containerd struct{ l kmutex.KeyedLocker }
+
+func newContainerd() Keyed { return containerd{kmutex.New()} }
+
+func (c containerd) Handle() Handle { return &containerdHandle{l: c.l} }
+func (c containerd) Entries() int   { return mapLen(c.l, "locks") }
+
+type containerdHandle struct {
+	l   kmutex.KeyedLocker
+	key string
+	_   pad
+}
+
+func (h *containerdHandle) Lock(ctx context.Context, key string) error {
+	if err := h.l.Lock(ctx, key); err != nil {
+		return err
+	}
+	h.key = key
+	return nil
+}
+func (h *containerdHandle) Unlock() { h.l.Unlock(h.key) }
+
+// k8s.io/utils/keymutex hashed: a fixed array of sync.Mutex indexed by the
+// key's hash; no per-key state, unrelated keys can collide.
+
+type k8s struct{ km keymutex.KeyMutex }
+
+func newK8s() Keyed { return k8s{keymutex.NewHashed(0)} }
+
+func (k k8s) Handle() Handle { return &k8sHandle{km: k.km} }
+func (k k8s) Entries() int   { return -1 }
+
+type k8sHandle struct {
+	km  keymutex.KeyMutex
+	key string
+	_   pad
+}
+
+func (h *k8sHandle) Lock(_ context.Context, key string) error {
+	h.km.LockKey(key)
+	h.key = key
+	return nil
+}
+func (h *k8sHandle) Unlock() { _ = h.km.UnlockKey(h.key) }
+
+// The textbook design: map of refcounted sync.Mutex behind a global mutex,
+// the entry deleted when the last user leaves.
+
+type textbook struct {
+	mu sync.Mutex
+	m  map[string]*refMutex
+}
+
+type refMutex struct {
+	sync.Mutex
+	refs int
+}
+
+func newTextbook() Keyed { return &textbook{m: make(map[string]*refMutex)} }
+
+func (t *textbook) Handle() Handle { return &textbookHandle{t: t} }
+func (t *textbook) Entries() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+type textbookHandle struct {
+	t   *textbook
+	key string
+	m   *refMutex
+	_   pad
+}
+
+func (h *textbookHandle) Lock(_ context.Context, key string) error {
+	t := h.t
+	t.mu.Lock()
+	m := t.m[key]
+	if m == nil {
+		m = new(refMutex)
+		t.m[key] = m
+	}
+	m.refs++
+	t.mu.Unlock()
+	m.Lock()
+	h.key, h.m = key, m
+	return nil
+}
+
+func (h *textbookHandle) Unlock() {
+	t := h.t
+	h.m.Unlock()
+	t.mu.Lock()
+	if h.m.refs--; h.m.refs == 0 {
+		delete(t.m, h.key)
+	}
+	t.mu.Unlock()
+}
+
+// A bare sync.Mutex: the floor for one key.
+
+type bare struct{ mu *sync.Mutex }
+
+func newBare() Keyed { return bare{new(sync.Mutex)} }
+
+func (b bare) Handle() Handle { return b }
+func (b bare) Entries() int   { return -1 }
+func (b bare) Lock(context.Context, string) error {
+	b.mu.Lock()
+	return nil
+}
+func (b bare) Unlock() { b.mu.Unlock() }
+
+// mapLen reads the length of the unexported map field of a peer's lock, to
+// count its entries. The peers' lock mutex is not held: call it only when
+// the lock is idle.
+func mapLen(x any, field string) int {
+	v := reflect.ValueOf(x)
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		v = v.Elem()
+	}
+	return v.FieldByName(field).Len()
+}

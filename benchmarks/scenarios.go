@@ -1,0 +1,286 @@
+package benchmarks
+
+import (
+	"context"
+	"math"
+	"math/rand"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// OpResult is a per-operation cost from testing.Benchmark.
+type OpResult struct {
+	NsPerOp     float64
+	AllocsPerOp int64
+	BytesPerOp  int64
+}
+
+func opResult(r testing.BenchmarkResult) OpResult {
+	return OpResult{NsPerOp: float64(r.T.Nanoseconds()) / float64(r.N), AllocsPerOp: r.AllocsPerOp(), BytesPerOp: r.AllocedBytesPerOp()}
+}
+
+// Keys returns n distinct keys "key-0" … "key-(n-1)".
+func Keys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "key-" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// UncontendedLoop is scenario 1: one goroutine cycles Lock+Unlock over 4096
+// keys, b.N times.
+func UncontendedLoop(b *testing.B, impl Impl) {
+	l := impl.New()
+	h := l.Handle()
+	keys := Keys(4096)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := h.Lock(ctx, keys[i&4095]); err != nil {
+			b.Fatal(err)
+		}
+		h.Unlock()
+	}
+}
+
+// ParallelDistinctLoop is scenario 2: b.RunParallel, each goroutine cycling
+// over 1024 keys of its own.
+func ParallelDistinctLoop(b *testing.B, impl Impl) {
+	l := impl.New()
+	keys := Keys(64 * 1024)
+	var next atomic.Int64
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		h := l.Handle()
+		own := keys[(next.Add(1)-1)%64*1024:][:1024]
+		for i := 0; pb.Next(); i++ {
+			if err := h.Lock(ctx, own[i&1023]); err != nil {
+				b.Error(err)
+				return
+			}
+			h.Unlock()
+		}
+	})
+}
+
+// Uncontended runs scenario 1 under testing.Benchmark.
+func Uncontended(impl Impl) OpResult {
+	return opResult(testing.Benchmark(func(b *testing.B) { UncontendedLoop(b, impl) }))
+}
+
+// ParallelDistinct runs scenario 2 under testing.Benchmark.
+func ParallelDistinct(impl Impl) OpResult {
+	return opResult(testing.Benchmark(func(b *testing.B) { ParallelDistinctLoop(b, impl) }))
+}
+
+// Contended is what a timed multi-goroutine scenario measured.
+type Contended struct {
+	Goroutines int
+	Ops        int             // successful Lock+Unlock cycles
+	Failed     int             // Locks that gave up (cancellation storm)
+	Elapsed    time.Duration   // wall time of the run
+	PerG       []int           // successful cycles per goroutine
+	Waits      []time.Duration // every successful Lock's wait, sorted
+	Entries    int             // per-key entries left after the run (-1: none kept)
+}
+
+// Throughput is successful cycles per second.
+func (c Contended) Throughput() float64 { return float64(c.Ops) / c.Elapsed.Seconds() }
+
+// Jain is Jain's fairness index of the per-goroutine counts, (Σx)²/(n·Σx²):
+// 1 when every goroutine got the same share, 1/n when one got all of it.
+func (c Contended) Jain() float64 { return Jain(c.PerG) }
+
+// Quantile returns the q-quantile of the waits (0 <= q <= 1).
+func (c Contended) Quantile(q float64) time.Duration {
+	if len(c.Waits) == 0 {
+		return 0
+	}
+	return c.Waits[min(len(c.Waits)-1, int(q*float64(len(c.Waits))))]
+}
+
+// Jain is Jain's fairness index of xs.
+func Jain(xs []int) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	if sq == 0 {
+		return math.NaN()
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// Spin busy-works for d: a critical section that keeps the CPU, as real
+// work under a lock does, rather than parking.
+func Spin(d time.Duration) {
+	for start := time.Now(); time.Since(start) < d; {
+	}
+}
+
+// cycle is one goroutine's operation: it reports the wait of a successful
+// Lock+Unlock, or ok=false for a give-up.
+type cycle func(h Handle) (wait time.Duration, ok bool)
+
+// run drives g goroutines for d; each makes its cycle with newCycle (given
+// its own random source) and calls it in a loop.
+func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle) Contended {
+	l := impl.New()
+	res := Contended{Goroutines: g, PerG: make([]int, g)}
+	waits := make([][]time.Duration, g)
+	failed := make([]int, g)
+	var stop atomic.Bool
+	var wg, ready sync.WaitGroup
+	start := make(chan struct{})
+	for i := range g {
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			h := l.Handle()
+			op := newCycle(rand.New(rand.NewSource(int64(i) + 1)))
+			w := make([]time.Duration, 0, 4096)
+			ready.Done()
+			<-start
+			for !stop.Load() {
+				wait, ok := op(h)
+				if !ok {
+					failed[i]++
+					continue
+				}
+				w = append(w, wait)
+				res.PerG[i]++
+			}
+			waits[i] = w
+		}()
+	}
+	ready.Wait()
+	t0 := time.Now()
+	close(start)
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	res.Elapsed = time.Since(t0)
+	for i := range g {
+		res.Ops += res.PerG[i]
+		res.Failed += failed[i]
+		res.Waits = append(res.Waits, waits[i]...)
+	}
+	slices.Sort(res.Waits)
+	res.Entries = l.Entries()
+	return res
+}
+
+// HotKey is scenario 3: g goroutines Lock one key, hold it for hold, and
+// Unlock, for d.
+func HotKey(impl Impl, g int, hold, d time.Duration) Contended {
+	return run(impl, g, d, func(*rand.Rand) cycle { return lockSpin(func() string { return "hot" }, hold) })
+}
+
+// Zipf is scenario 4: g goroutines lock keys drawn from a Zipf
+// distribution (exponent s) over n keys, holding each for hold.
+func Zipf(impl Impl, g, n int, s float64, hold, d time.Duration) Contended {
+	keys := Keys(n)
+	return run(impl, g, d, func(rng *rand.Rand) cycle {
+		z := rand.NewZipf(rng, s, 1, uint64(n-1))
+		return lockSpin(func() string { return keys[z.Uint64()] }, hold)
+	})
+}
+
+// lockSpin locks the key that next returns, spins for hold and unlocks.
+func lockSpin(next func() string, hold time.Duration) cycle {
+	ctx := context.Background()
+	return func(h Handle) (time.Duration, bool) {
+		t := time.Now()
+		if err := h.Lock(ctx, next()); err != nil {
+			return 0, false
+		}
+		wait := time.Since(t)
+		Spin(hold)
+		h.Unlock()
+		return wait, true
+	}
+}
+
+// CancelStorm is scenario 6: g goroutines Lock one hot key, each with a
+// random timeout up to maxTimeout, holding it for hold when granted. Only
+// for Cancellable locks. Entries must be 0 afterwards.
+func CancelStorm(impl Impl, g int, hold, maxTimeout, d time.Duration) Contended {
+	return run(impl, g, d, func(rng *rand.Rand) cycle {
+		return func(h Handle) (time.Duration, bool) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+rng.Int63n(int64(maxTimeout))))
+			t := time.Now()
+			err := h.Lock(ctx, "hot")
+			cancel()
+			if err != nil {
+				return 0, false
+			}
+			wait := time.Since(t)
+			Spin(hold)
+			h.Unlock()
+			return wait, true
+		}
+	})
+}
+
+// ChurnResult is what scenario 5 measured.
+type ChurnResult struct {
+	Keys         int
+	BytesPerKey  float64 // bytes allocated per key locked and released
+	AllocsPerKey float64
+	PeakHeap     int64 // heap in use while every key was held, above the baseline
+	Retained     int64 // heap in use after all were released and a GC, above the baseline
+	Entries      int   // per-key entries left (-1: none kept)
+}
+
+// Churn is scenario 5: one goroutine locks n distinct keys, holding all of
+// them, then unlocks them all; then the heap is measured after a GC. Only
+// for Unbounded locks.
+func Churn(impl Impl, n int) ChurnResult {
+	keys := Keys(n)
+	ctx := context.Background()
+	l := impl.New()
+	handles := make([]Handle, n) // made before the baseline: not the lock's cost
+	for i := range handles {
+		handles[i] = l.Handle()
+	}
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	base, allocs0, bytes0 := int64(ms.HeapInuse), ms.Mallocs, ms.TotalAlloc
+
+	for i, k := range keys {
+		if err := handles[i].Lock(ctx, k); err != nil {
+			panic(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	peak := int64(ms.HeapInuse) - base
+	for _, h := range handles {
+		h.Unlock()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	res := ChurnResult{
+		Keys:         n,
+		PeakHeap:     peak,
+		Retained:     int64(ms.HeapInuse) - base,
+		Entries:      l.Entries(),
+		AllocsPerKey: float64(ms.Mallocs-allocs0) / float64(n),
+		BytesPerKey:  float64(ms.TotalAlloc-bytes0) / float64(n),
+	}
+	runtime.KeepAlive(handles)
+	runtime.KeepAlive(keys)
+	return res
+}
