@@ -75,8 +75,9 @@ type WaiterState struct {
 // A Source reports one Locker's state. fairlock implements it; other
 // lock implementations may too.
 type Source interface {
-	// DebugState returns the state at time now. It must be safe to call
-	// concurrently with the Locker's use and must not block on its holders.
+	// DebugState returns the state at time now; the registry sets its
+	// Name. It must be safe to call concurrently with the Locker's use and
+	// must not block on its holders.
 	DebugState(now time.Time) LockerState
 }
 
@@ -120,11 +121,15 @@ func Snapshot() []LockerState {
 // snapshot returns the registered lockers' states; only the one called
 // name if name is not empty.
 func snapshot(name string) []LockerState {
+	type named struct {
+		name string
+		src  Source
+	}
 	registry.mu.Lock()
-	srcs := make([]Source, 0, len(registry.sources))
+	srcs := make([]named, 0, len(registry.sources))
 	for n, src := range registry.sources {
 		if name == "" || n == name {
-			srcs = append(srcs, src)
+			srcs = append(srcs, named{n, src})
 		}
 	}
 	registry.mu.Unlock()
@@ -132,8 +137,9 @@ func snapshot(name string) []LockerState {
 	// stall Register and Close of others.
 	now := time.Now()
 	states := make([]LockerState, 0, len(srcs))
-	for _, src := range srcs {
-		st := src.DebugState(now)
+	for _, ns := range srcs {
+		st := ns.src.DebugState(now)
+		st.Name = ns.name
 		slices.SortStableFunc(st.Held, func(a, b KeyState) int {
 			return cmp.Or(cmp.Compare(b.HeldFor, a.HeldFor), cmp.Compare(a.Key, b.Key))
 		})

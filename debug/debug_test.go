@@ -346,3 +346,32 @@ func TestDumpWhileChurning(t *testing.T) {
 	}
 	t.Logf("%d dumps during churn", dumps)
 }
+
+// TestSnapshotWhileLockersComeAndGo: a dump may run while debug Lockers are
+// being built and closed; under -race this checks that a Locker is complete
+// before it is registered and stays readable until it leaves.
+func TestSnapshotWhileLockersComeAndGo(t *testing.T) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = debug.Dump(io.Discard)
+			}
+		}
+	}()
+	for i := range 200 {
+		l := fairlock.New[int](fairlock.WithName(fmt.Sprint("transient-", i%3)), fairlock.WithLongHeld(time.Hour))
+		g, _ := l.Lock(context.Background(), i)
+		g.Unlock()
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+}

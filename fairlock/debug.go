@@ -15,22 +15,23 @@ import (
 type debugState struct {
 	stacks     bool
 	longHeld   time.Duration // 0: no watchdog
-	name       string        // the name package debug registered
+	name       string        // the name package debug registered; set before the watchdog starts
 	unregister func()
 	quit       chan struct{} // closed by stop
 	done       sync.WaitGroup
 	stopOnce   sync.Once
 }
 
-// startDebug registers l with package debug and starts its watchdog.
-func startDebug[K comparable](l *Locker[K], cfg config) *debugState {
+// startDebug sets l.dbg, registers l with package debug and starts its
+// watchdog. l must be complete otherwise: a dump may read it at once.
+func (l *Locker[K]) startDebug(cfg config) {
 	d := &debugState{stacks: cfg.stacks, longHeld: max(cfg.longHeld, 0), quit: make(chan struct{})}
+	l.dbg = d
 	d.name, d.unregister = debug.Register(l.name, debugSource[K]{l})
 	if d.longHeld > 0 {
 		d.done.Add(1)
 		go l.watch(d)
 	}
-	return d
 }
 
 // stop unregisters the Locker and waits for the watchdog to exit.
@@ -45,11 +46,11 @@ func (d *debugState) stop() {
 // debugSource adapts a Locker to debug.Source.
 type debugSource[K comparable] struct{ l *Locker[K] }
 
-// DebugState reads the Locker shard by shard.
+// DebugState reads the Locker shard by shard. The registry fills in the
+// name.
 func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 	l := src.l
 	st := debug.LockerState{
-		Name:          l.dbg.name,
 		Time:          now,
 		LongHeld:      l.dbg.longHeld,
 		DoubleUnlocks: l.doubleUnlocks.Load(),

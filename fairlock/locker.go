@@ -143,10 +143,10 @@ func New[K comparable](opts ...Option) *Locker[K] {
 	if cfg.observer != nil {
 		l.obs = cfg.observer.Register(l.name, l.stats)
 	}
+	l.timed = l.obs != nil || cfg.debug
 	if cfg.debug {
-		l.dbg = startDebug(l, cfg)
+		l.startDebug(cfg) // last: from here on other goroutines can read l
 	}
-	l.timed = l.obs != nil || l.dbg != nil
 	return l
 }
 
