@@ -182,29 +182,51 @@ func (l *Locker[K]) now() time.Time {
 // allocates nothing when it does not wait, and nothing beyond a recycled
 // waiter when it does.
 func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
-	if ctx == nil {
-		panic("fairlock: Lock with a nil context")
+	var r request[K]
+	if err := l.prepare(ctx, "Lock", key, &r); err != nil {
+		return Guard[K]{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return l.fail(ctx, "Lock", key, 0, contextError(ctx), 0)
-	}
-	id := owner.Of(ctx)
-	var stack []uintptr
-	if l.dbg != nil && l.dbg.stacks {
-		stack = captureStack()
-	}
-	now := l.now()
-	s, tag := l.shardOf(key)
+	s := r.s
 	s.mu.Lock()
-	if e := s.find(key, tag); e != nil || s.closed {
-		return l.lockSlow(ctx, s, e, key, id, now, stack)
+	if e := s.find(key, r.tag); e != nil || s.closed {
+		return l.lockSlow(ctx, e, key, &r)
 	}
-	g := s.grantNew(key, tag, id, now, stack)
+	g := s.grantNew(key, &r)
 	s.mu.Unlock()
 	if l.obs != nil {
 		l.obs.Acquire(Acquired, 0)
 	}
 	return g, nil
+}
+
+// request is what Lock and TryLock work out before taking the shard mutex.
+type request[K comparable] struct {
+	id    owner.ID
+	s     *shard[K]
+	tag   uint64    // the key's tag in s
+	now   time.Time // zero unless the Locker is timed
+	stack []uintptr // nil unless WithStacks
+}
+
+// prepare checks ctx and fills r with the call's owner, shard and, if
+// they will be looked at, its time and stack. op names the caller in errors.
+func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]) error {
+	if ctx == nil {
+		panic("fairlock: " + op + " with a nil context")
+	}
+	if err := ctx.Err(); err != nil {
+		_, err = l.fail(ctx, op, key, 0, contextError(ctx), 0)
+		return err
+	}
+	r.id = owner.Of(ctx)
+	if l.timed {
+		r.now = time.Now()
+	}
+	if l.dbg != nil && l.dbg.stacks {
+		r.stack = captureStack()
+	}
+	r.s, r.tag = l.shardOf(key)
+	return nil
 }
 
 // TryLock locks key for the owner of ctx if it can do so at once: the key
@@ -216,31 +238,23 @@ func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
 // holds it or waits for it, and ErrClosed if the Locker is closed. It
 // allocates nothing on success.
 func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
-	if ctx == nil {
-		panic("fairlock: TryLock with a nil context")
+	var r request[K]
+	if err := l.prepare(ctx, "TryLock", key, &r); err != nil {
+		return Guard[K]{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return l.fail(ctx, "TryLock", key, 0, contextError(ctx), 0)
-	}
-	id := owner.Of(ctx)
-	var stack []uintptr
-	if l.dbg != nil && l.dbg.stacks {
-		stack = captureStack()
-	}
-	now := l.now()
-	s, tag := l.shardOf(key)
+	s := r.s
 	s.mu.Lock()
-	e := s.find(key, tag)
+	e := s.find(key, r.tag)
 	var err error
 	switch {
 	case s.closed:
 		err = ErrClosed
-	case e != nil && e.holder == id:
+	case e != nil && e.holder == r.id:
 		err = ErrReentrant
 	case e != nil:
 		err = ErrWouldBlock
 	default:
-		g := s.grantNew(key, tag, id, now, stack)
+		g := s.grantNew(key, &r)
 		s.mu.Unlock()
 		if l.obs != nil {
 			l.obs.Acquire(Acquired, 0)
@@ -248,12 +262,12 @@ func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 		return g, nil
 	}
 	s.mu.Unlock()
-	return l.fail(ctx, "TryLock", key, id, err, 0)
+	return l.fail(ctx, "TryLock", key, r.id, err, 0)
 }
 
 // grantNew makes key's entry with id as its holder. s.mu is held and key
 // has no entry.
-func (s *shard[K]) grantNew(key K, tag uint64, id owner.ID, now time.Time, stack []uintptr) Guard[K] {
+func (s *shard[K]) grantNew(key K, r *request[K]) Guard[K] {
 	var e *entry[K]
 	if n := len(s.free); n > 0 {
 		e = s.free[n-1]
@@ -262,16 +276,17 @@ func (s *shard[K]) grantNew(key K, tag uint64, id owner.ID, now time.Time, stack
 		e = new(entry[K])
 	}
 	e.key = key
-	s.insert(e, tag)
+	s.insert(e, r.tag)
 	s.gen++
-	e.holder, e.gen, e.grantedAt, e.stack, e.warned = id, s.gen, now, stack, 0
+	e.holder, e.gen, e.grantedAt, e.stack, e.warned = r.id, s.gen, r.now, r.stack, 0
 	return Guard[K]{e: e, s: s, gen: e.gen, key: key}
 }
 
 // lockSlow is Lock's path when key has an entry (held) or the shard is
 // closed. It is outlined so that Lock's uncontended path stays short, as
 // in sync.Mutex. s.mu is held on entry and released before it returns.
-func (l *Locker[K]) lockSlow(ctx context.Context, s *shard[K], e *entry[K], key K, id owner.ID, now time.Time, stack []uintptr) (Guard[K], error) {
+func (l *Locker[K]) lockSlow(ctx context.Context, e *entry[K], key K, r *request[K]) (Guard[K], error) {
+	s, id, now := r.s, r.id, r.now
 	switch {
 	case s.closed:
 		s.mu.Unlock()
@@ -287,7 +302,7 @@ func (l *Locker[K]) lockSlow(ctx context.Context, s *shard[K], e *entry[K], key 
 		}
 	}
 	w := waiterPool.Get().(*waiter)
-	w.Value = waitState{owner: id, since: now, stack: stack}
+	w.Value = waitState{owner: id, since: now, stack: r.stack}
 	e.waiters.PushBack(w)
 	s.waiting++
 	s.mu.Unlock()
@@ -544,8 +559,10 @@ func (l *Locker[K]) shardDrained() {
 	}
 }
 
-// captureStack records the caller of Lock or TryLock and up to 31 frames above.
+// captureStack records the caller of Lock or TryLock and up to 31 frames
+// above it. It is called from prepare: skip Callers, captureStack, prepare
+// and Lock or TryLock.
 func captureStack() []uintptr {
 	pcs := make([]uintptr, 32)
-	return pcs[:runtime.Callers(3, pcs)]
+	return pcs[:runtime.Callers(4, pcs)]
 }
