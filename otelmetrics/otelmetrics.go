@@ -133,10 +133,16 @@ func (o *observer) observe(_ context.Context, obs metric.Observer) error {
 // Register implements fairlock.Observer.
 func (o *observer) Register(name string, stats func() fairlock.Stats) fairlock.LockerObserver {
 	locker := LockerKey.String(name)
-	lo := &lockerObserver{o: o, stats: stats}
-	lo.gaugeOpts = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(locker))}
-	lo.holdOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(locker))}
-	for _, r := range fairlock.Results() {
+	results := fairlock.Results()
+	lo := &lockerObserver{
+		o:         o,
+		stats:     stats,
+		addOpts:   make([][]metric.AddOption, len(results)),
+		waitOpts:  make([][]metric.RecordOption, len(results)),
+		gaugeOpts: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(locker))},
+		holdOpts:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(locker))},
+	}
+	for _, r := range results {
 		set := attribute.NewSet(locker, ResultKey.String(r.String()))
 		lo.addOpts[r] = []metric.AddOption{metric.WithAttributeSet(set)}
 		lo.waitOpts[r] = []metric.RecordOption{metric.WithAttributeSet(set)}
@@ -147,22 +153,20 @@ func (o *observer) Register(name string, stats func() fairlock.Stats) fairlock.L
 	return lo
 }
 
-// numResults bounds the per-result option arrays.
-const numResults = int(fairlock.Deadlock) + 1
-
-// lockerObserver records one Locker's events with option slices built once.
+// lockerObserver records one Locker's events with option slices built once,
+// indexed by fairlock.Result.
 type lockerObserver struct {
 	o         *observer
 	stats     func() fairlock.Stats
-	addOpts   [numResults][]metric.AddOption
-	waitOpts  [numResults][]metric.RecordOption
+	addOpts   [][]metric.AddOption
+	waitOpts  [][]metric.RecordOption
 	holdOpts  []metric.RecordOption
 	gaugeOpts []metric.ObserveOption
 }
 
 // Acquire implements fairlock.LockerObserver.
 func (lo *lockerObserver) Acquire(r fairlock.Result, wait time.Duration) {
-	if int(r) >= numResults {
+	if int(r) >= len(lo.addOpts) {
 		return
 	}
 	ctx := context.Background()
