@@ -27,6 +27,7 @@ func BenchmarkUncontended(b *testing.B) {
 	}{
 		{"plain", nil},
 		{"debug", []fairlock.Option{fairlock.WithDebug()}},
+		{"debug+stacks", []fairlock.Option{fairlock.WithStacks()}},
 		{"deadlock-detection", []fairlock.Option{fairlock.WithDeadlockDetection()}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

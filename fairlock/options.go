@@ -71,14 +71,15 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // WithDebug registers the Locker with package debug while it is open and
 // records, for each held key, the holder and the time of the grant, and
 // for each waiter its owner and arrival time. It costs two clock reads per
-// Lock/Unlock and nothing allocated on the uncontended path; see
-// docs/debugging.md for measured overhead.
+// Lock/Unlock (about 70ns on our CI machine) and allocates nothing on the
+// uncontended path; see docs/debugging.md.
 func WithDebug() Option { return func(c *config) { c.debug = true } }
 
-// WithStacks records the stack of every Lock call (up to 32 frames) and
-// shows the holder's acquiring stack in debug output and long-held
-// warnings. It implies WithDebug. Capturing a stack costs about a
-// microsecond and one allocation per Lock: use it while hunting a bug.
+// WithStacks records the stack of every Lock and TryLock call (up to 32
+// frames) and shows the holder's acquiring stack, and each waiter's, in
+// debug output and warnings. It implies WithDebug. Capturing a stack costs
+// about half a microsecond and one 256-byte allocation per call: use it
+// while hunting a bug.
 func WithStacks() Option {
 	return func(c *config) { c.debug, c.stacks = true, true }
 }
