@@ -64,9 +64,11 @@ func TestChurnLeavesNothing(t *testing.T) {
 	if r.Entries != 0 {
 		t.Fatalf("fairlock keeps %d entries after churn", r.Entries)
 	}
-	// Less than a byte per key churned stays behind (the shards' maps are
-	// rebuilt once they empty).
-	if r.Retained > int64(n) {
+	// What stays behind is the shards' recycled entries (at most 16 each),
+	// a constant whatever the burst: under 1 MiB, where a map that never
+	// shrinks keeps tens of bytes per key (spill maps are dropped once they
+	// empty).
+	if r.Retained > 1<<20 {
 		t.Fatalf("fairlock retains %d bytes after churning %d keys (peak %d)", r.Retained, n, r.PeakHeap)
 	}
 	t.Logf("%+v", r)
