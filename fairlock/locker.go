@@ -218,10 +218,7 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 		_, err = l.fail(ctx, op, key, 0, contextError(ctx), 0)
 		return err
 	}
-	r.id = owner.Of(ctx)
-	if l.timed {
-		r.now = time.Now()
-	}
+	r.id, r.now = owner.Of(ctx), l.now()
 	if l.dbg != nil && l.dbg.stacks {
 		r.stack = captureStack()
 	}
