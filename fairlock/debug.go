@@ -62,7 +62,7 @@ func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 	long := func(d time.Duration) bool { return l.dbg.longHeld > 0 && d > l.dbg.longHeld }
 	for i := range l.shards {
 		s := &l.shards[i]
-		s.mu.Lock()
+		s.lock()
 		st.Keys += s.live
 		st.Waiters += s.waiting
 		for e := range s.entries() {
@@ -87,7 +87,7 @@ func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 			}
 			st.Held = append(st.Held, k)
 		}
-		s.mu.Unlock()
+		s.unlock()
 	}
 	return st
 }
@@ -165,7 +165,7 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) [
 	}
 	for i := range l.shards {
 		s := &l.shards[i]
-		s.mu.Lock()
+		s.lock()
 		for e := range s.entries() {
 			if age := now.Sub(e.grantedAt); due(age, &e.warned) {
 				out = append(out, warning{msg: "fairlock: lock held too long", key: formatKey(e.key), owner: e.holder.String(), age: age, stack: e.stack})
@@ -176,7 +176,7 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) [
 				}
 			}
 		}
-		s.mu.Unlock()
+		s.unlock()
 	}
 	return out
 }

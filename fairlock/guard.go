@@ -4,9 +4,8 @@ package fairlock
 // small value (no allocation); copies of it are the same grant. The zero
 // Guard holds nothing.
 type Guard[K comparable] struct {
-	e   *entry[K]
-	s   *shard[K]
-	gen uint64 // the grant this Guard stands for
+	s   *shard[K] // nil for the zero Guard
+	gen uint64    // the grant this Guard stands for: unique in its shard
 	key K
 }
 
@@ -19,8 +18,11 @@ type Guard[K comparable] struct {
 // Such stale Unlocks are counted in debug output. The zero Guard's Unlock
 // is a no-op. Any goroutine may call Unlock, also after Close.
 func (g Guard[K]) Unlock() {
-	if g.e == nil {
+	if g.s == nil {
 		return
+	}
+	if g.s.state.CompareAndSwap(g.gen<<genShift|heldBit, g.gen<<genShift) {
+		return // a fast grant, still in fast mode: nobody waits
 	}
 	if !g.release(true) {
 		g.s.l.doubleUnlocks.Add(1)

@@ -134,9 +134,6 @@ func New[K comparable](opts ...Option) *Locker[K] {
 		logger:  cfg.logger,
 		drained: make(chan struct{}),
 	}
-	for i := range l.shards {
-		l.shards[i].l = l
-	}
 	if cfg.deadlocks {
 		l.detector = newDetector[K]()
 	}
@@ -144,6 +141,14 @@ func New[K comparable](opts ...Option) *Locker[K] {
 		l.obs = cfg.observer.Register(l.name, l.stats)
 	}
 	l.timed = l.obs != nil || cfg.debug
+	fast := !l.timed && l.detector == nil
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.l, s.fast = l, fast
+		if !fast {
+			s.state.Store(slowBit) // for good: see the fast path in shard.go
+		}
+	}
 	if cfg.debug {
 		l.startDebug(cfg) // last: from here on other goroutines can read l
 	}
@@ -154,6 +159,11 @@ func New[K comparable](opts ...Option) *Locker[K] {
 func (l *Locker[K]) shardOf(key K) (*shard[K], uint64) {
 	h := maphash.Comparable(l.seed, key)
 	return &l.shards[h&l.mask], h | 1
+}
+
+// tagOf returns key's tag in its shard.
+func (l *Locker[K]) tagOf(key K) uint64 {
+	return maphash.Comparable(l.seed, key) | 1
 }
 
 // now reads the clock only when someone will look at the time.
@@ -182,17 +192,48 @@ func (l *Locker[K]) now() time.Time {
 // allocates nothing when it does not wait, and nothing beyond a recycled
 // waiter when it does.
 func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
+	if g, ok := l.lockFast(ctx, key); ok {
+		return g, nil
+	}
+	return l.lockSlow(ctx, key)
+}
+
+// lockFast grants key if its shard is idle in fast mode: nothing held or
+// awaited on the shard. It reports false, having changed nothing, in every
+// other case, including a nil or done ctx. See the fast path in shard.go.
+func (l *Locker[K]) lockFast(ctx context.Context, key K) (Guard[K], bool) {
+	if ctx == nil || ctx.Err() != nil {
+		return Guard[K]{}, false
+	}
+	s, _ := l.shardOf(key)
+	st := s.state.Load()
+	if st&(heldBit|slowBit) != 0 {
+		return Guard[K]{}, false
+	}
+	id := owner.Of(ctx) // before the claim: ctx.Value is the caller's code
+	gen := st>>genShift + 1
+	if !s.state.CompareAndSwap(st, gen<<genShift|heldBit|claimingBit) {
+		return Guard[K]{}, false
+	}
+	s.fastKey, s.fastOwner = key, id
+	s.state.Store(gen<<genShift | heldBit) // publish
+	return Guard[K]{s: s, gen: gen, key: key}, true
+}
+
+// lockSlow is Lock's path under the shard mutex. It is outlined so that
+// Lock's fast path stays short, as in sync.Mutex.
+func (l *Locker[K]) lockSlow(ctx context.Context, key K) (Guard[K], error) {
 	var r request[K]
 	if err := l.prepare(ctx, "Lock", key, &r); err != nil {
 		return Guard[K]{}, err
 	}
 	s := r.s
-	s.mu.Lock()
+	s.lock()
 	if e := s.find(key, r.tag); e != nil || s.closed {
-		return l.lockSlow(ctx, e, key, &r)
+		return l.lockHeld(ctx, e, key, &r)
 	}
 	g := s.grantNew(key, &r)
-	s.mu.Unlock()
+	s.unlock()
 	if l.obs != nil {
 		l.obs.Acquire(Acquired, 0)
 	}
@@ -235,12 +276,20 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 // holds it or waits for it, and ErrClosed if the Locker is closed. It
 // allocates nothing on success.
 func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
+	if g, ok := l.lockFast(ctx, key); ok {
+		return g, nil
+	}
+	return l.tryLockSlow(ctx, key)
+}
+
+// tryLockSlow is TryLock's path under the shard mutex.
+func (l *Locker[K]) tryLockSlow(ctx context.Context, key K) (Guard[K], error) {
 	var r request[K]
 	if err := l.prepare(ctx, "TryLock", key, &r); err != nil {
 		return Guard[K]{}, err
 	}
 	s := r.s
-	s.mu.Lock()
+	s.lock()
 	e := s.find(key, r.tag)
 	var err error
 	switch {
@@ -252,49 +301,41 @@ func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 		err = ErrWouldBlock
 	default:
 		g := s.grantNew(key, &r)
-		s.mu.Unlock()
+		s.unlock()
 		if l.obs != nil {
 			l.obs.Acquire(Acquired, 0)
 		}
 		return g, nil
 	}
-	s.mu.Unlock()
+	s.unlock()
 	return l.fail(ctx, "TryLock", key, r.id, err, 0)
 }
 
 // grantNew makes key's entry with id as its holder. s.mu is held and key
 // has no entry.
 func (s *shard[K]) grantNew(key K, r *request[K]) Guard[K] {
-	var e *entry[K]
-	if n := len(s.free); n > 0 {
-		e = s.free[n-1]
-		s.free = s.free[:n-1]
-	} else {
-		e = new(entry[K])
-	}
-	e.key = key
+	e := s.newEntry(key)
 	s.insert(e, r.tag)
 	s.gen++
 	e.holder, e.gen, e.grantedAt, e.stack, e.warned = r.id, s.gen, r.now, r.stack, 0
-	return Guard[K]{e: e, s: s, gen: e.gen, key: key}
+	return Guard[K]{s: s, gen: e.gen, key: key}
 }
 
-// lockSlow is Lock's path when key has an entry (held) or the shard is
-// closed. It is outlined so that Lock's uncontended path stays short, as
-// in sync.Mutex. s.mu is held on entry and released before it returns.
-func (l *Locker[K]) lockSlow(ctx context.Context, e *entry[K], key K, r *request[K]) (Guard[K], error) {
+// lockHeld is Lock's path when key has an entry (held) or the shard is
+// closed. s.mu is held on entry and released before it returns.
+func (l *Locker[K]) lockHeld(ctx context.Context, e *entry[K], key K, r *request[K]) (Guard[K], error) {
 	s, id, now := r.s, r.id, r.now
 	switch {
 	case s.closed:
-		s.mu.Unlock()
+		s.unlock()
 		return l.fail(ctx, "Lock", key, id, ErrClosed, 0)
 	case e.holder == id:
-		s.mu.Unlock()
+		s.unlock()
 		return l.fail(ctx, "Lock", key, id, ErrReentrant, 0)
 	}
 	if l.detector != nil {
 		if cycle := l.detector.enqueue(key, e.holder, id); cycle != nil {
-			s.mu.Unlock()
+			s.unlock()
 			return l.refuseDeadlock(ctx, key, id, cycle)
 		}
 	}
@@ -302,13 +343,13 @@ func (l *Locker[K]) lockSlow(ctx context.Context, e *entry[K], key K, r *request
 	w.Value = waitState{owner: id, since: now, stack: r.stack}
 	e.waiters.PushBack(w)
 	s.waiting++
-	s.mu.Unlock()
+	s.unlock()
 
 	done := ctx.Done()
 	select {
 	case <-w.Ready():
 	case <-done:
-		s.mu.Lock()
+		s.lock()
 		if w.Value.outcome == waiting {
 			// Still queued: leave the queue. The key keeps its holder, so
 			// the entry stays.
@@ -317,13 +358,13 @@ func (l *Locker[K]) lockSlow(ctx context.Context, e *entry[K], key K, r *request
 			if l.detector != nil {
 				l.detector.leave(key, id, e.waiters.Len() > 0)
 			}
-			s.mu.Unlock()
+			s.unlock()
 			releaseWaiter(w)
 			return l.fail(ctx, "Lock", key, id, contextError(ctx), since(now))
 		}
 		// Granted or closed in the same instant. The decider signals right
 		// after releasing s.mu; take its signal so w can be reused.
-		s.mu.Unlock()
+		s.unlock()
 		<-w.Ready()
 	}
 
@@ -332,7 +373,7 @@ func (l *Locker[K]) lockSlow(ctx context.Context, e *entry[K], key K, r *request
 	if out == closedOut {
 		return l.fail(ctx, "Lock", key, id, ErrClosed, since(now))
 	}
-	g := Guard[K]{e: e, s: s, gen: gen, key: key}
+	g := Guard[K]{s: s, gen: gen, key: key}
 	// Granted. If ctx ended meanwhile, give the grant back through the
 	// internal hand-off so the next waiter runs, and report the context's
 	// error: the caller holds nothing (as x/sync/semaphore does).
@@ -394,17 +435,18 @@ func (l *Locker[K]) fail(ctx context.Context, op string, key K, id owner.ID, err
 // it. In exchange no waiter is ever overtaken, so the wait of the n'th
 // waiter is bounded by n hold times plus n wake-ups.
 func (g Guard[K]) release(report bool) bool {
-	s, e := g.s, g.e
+	s := g.s
 	l := s.l
-	now := l.now()
-	s.mu.Lock()
-	if e.gen != g.gen {
-		s.mu.Unlock()
+	tag, now := l.tagOf(g.key), l.now()
+	s.lock()
+	e := s.find(g.key, tag)
+	if e == nil || e.gen != g.gen {
+		s.unlock()
 		return false
 	}
 	grantedAt := e.grantedAt
 	next := s.handOff(e, now)
-	s.mu.Unlock()
+	s.unlock()
 	if next != nil {
 		next.Signal()
 	}
@@ -449,9 +491,9 @@ func (s *shard[K]) remove(e *entry[K]) {
 // mutex and allocates nothing.
 func (l *Locker[K]) Locked(key K) bool {
 	s, tag := l.shardOf(key)
-	s.mu.Lock()
+	s.lock()
 	ok := s.find(key, tag) != nil
-	s.mu.Unlock()
+	s.unlock()
 	return ok
 }
 
@@ -459,12 +501,12 @@ func (l *Locker[K]) Locked(key K) bool {
 // not counting the holder. It takes one shard mutex and allocates nothing.
 func (l *Locker[K]) Waiters(key K) int {
 	s, tag := l.shardOf(key)
-	s.mu.Lock()
+	s.lock()
 	n := 0
 	if e := s.find(key, tag); e != nil {
 		n = e.waiters.Len()
 	}
-	s.mu.Unlock()
+	s.unlock()
 	return n
 }
 
@@ -481,10 +523,10 @@ func (l *Locker[K]) stats() Stats {
 	var st Stats
 	for i := range l.shards {
 		s := &l.shards[i]
-		s.mu.Lock()
+		s.lock()
 		st.Keys += s.live
 		st.Waiters += s.waiting
-		s.mu.Unlock()
+		s.unlock()
 	}
 	return st
 }
@@ -520,7 +562,7 @@ func (l *Locker[K]) close() {
 	var woken []*waiter
 	for i := range l.shards {
 		s := &l.shards[i]
-		s.mu.Lock()
+		s.lock()
 		s.closed = true
 		for e := range s.entries() {
 			for w := e.waiters.PopFront(); w != nil; w = e.waiters.PopFront() {
@@ -535,7 +577,7 @@ func (l *Locker[K]) close() {
 		if s.live > 0 {
 			l.draining.Add(1)
 		}
-		s.mu.Unlock()
+		s.unlock()
 	}
 	for _, w := range woken {
 		w.Signal()
@@ -557,9 +599,9 @@ func (l *Locker[K]) shardDrained() {
 }
 
 // captureStack records the caller of Lock or TryLock and up to 31 frames
-// above it. It is called from prepare: skip Callers, captureStack, prepare
-// and Lock or TryLock.
+// above it. It is called from prepare: skip Callers, captureStack, prepare,
+// lockSlow or tryLockSlow, and Lock or TryLock.
 func captureStack() []uintptr {
 	pcs := make([]uintptr, 32)
-	return pcs[:runtime.Callers(4, pcs)]
+	return pcs[:runtime.Callers(5, pcs)]
 }

@@ -2,7 +2,11 @@ package fairlock
 
 import (
 	"iter"
+	"runtime"
 	"sync"
+	"sync/atomic"
+
+	"github.com/fairlock/fairlock/owner"
 )
 
 // inlineSlots is how many live keys a shard keeps in arrays of its own
@@ -12,12 +16,21 @@ import (
 // (uncontended Lock+Unlock in benchmarks/ compare: 86 ns → 68 ns).
 const inlineSlots = 8
 
-// shard is one slice of the key space: a mutex and the entries of the live
-// keys that hash to it. Padded so neighbouring shards' mutexes do not share
-// a cache line.
+// shard is one slice of the key space: a state word for the lock-free fast
+// path, a mutex and the entries of the live keys that hash to it. Padded so
+// neighbouring shards do not share a cache line.
 type shard[K comparable] struct {
-	l  *Locker[K]
-	mu sync.Mutex
+	// state is the shard's mode and fast grant: see the fast path below.
+	state atomic.Uint64
+	// fastKey and fastOwner are the fast holder's key and owner. The fast
+	// claimant writes them between its claiming CAS and the Store that
+	// publishes them; others read them only after seeing that Store.
+	fastKey   K
+	fastOwner owner.ID
+
+	l    *Locker[K]
+	fast bool // the Locker takes the fast path: no debug, observer or detector
+	mu   sync.Mutex
 
 	live     int                    // guarded by mu: live keys, inline and overflow
 	tags     [inlineSlots]uint64    // guarded by mu: hash|1 of slots[i]'s key; 0 for an empty slot
@@ -26,9 +39,121 @@ type shard[K comparable] struct {
 	peak     int                    // guarded by mu: most overflow keys since overflow was made
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
 	waiting  int                    // guarded by mu: waiters over all entries
-	gen      uint64                 // guarded by mu: last grant generation handed out
+	gen      uint64                 // guarded by mu: last grant generation handed out (in slow mode)
 	closed   bool                   // guarded by mu: Close has run over this shard
 	_        [64]byte
+}
+
+// The fast path.
+//
+// A shard is in one of two modes, told by its state word. In fast mode no
+// key of the shard has an entry and at most one key is held, by a fast
+// grant: Lock claims an idle shard with one compare-and-swap and Unlock
+// frees it with another, without the mutex. In slow mode (slowBit) the
+// mutex-guarded entries are the whole truth and the state word is left
+// alone. Anything other than an uncontended grant on an idle shard (a second
+// key on the shard, a waiter, TryLock refused, Locked, Close) takes the
+// mutex and switches the shard to slow mode first, turning a fast grant
+// into an ordinary entry (inflate). The shard returns to fast mode when the
+// mutex holder leaves it with no live key (unlock).
+//
+// The word holds the generation of the shard's last grant above three flag
+// bits, so a Guard of a fast grant ({shard, generation}) frees the shard
+// only while that very grant is current, as an entry's generation does for
+// slow grants. Generations are one counter for both modes: s.gen takes over
+// the word's generation on inflate and hands it back on unlock. 61 bits of
+// generation do not wrap in the life of a process.
+//
+// Publishing the fast holder's key and owner takes a third atomic
+// operation (claim with claimingBit, write, Store without it). Lock and
+// Unlock without contention thus cost three atomic operations and no
+// mutex; the two-mutex design before this one cost four plus the
+// bookkeeping of an entry (benchmarks/ compare: 68 ns → see
+// docs/performance.md). A mutex holder that finds a claim in progress
+// yields until it is published: the claimant is between two stores.
+//
+// Fast grants are used only when nothing needs more than the holder's key
+// and owner: Lockers with debug, an observer or deadlock detection keep
+// every shard in slow mode for good.
+const (
+	heldBit     = 1 << 0 // fast mode: a fast grant holds the shard
+	claimingBit = 1 << 1 // with heldBit: fastKey and fastOwner not yet published
+	slowBit     = 1 << 2 // slow mode: the mutex-guarded entries are the truth
+	genShift    = 3      // the generation sits above the flags
+)
+
+// lock takes s.mu and puts s in slow mode, inflating a fast grant into an
+// entry. Every mutex-side operation starts with it and ends with unlock.
+func (s *shard[K]) lock() {
+	for {
+		s.mu.Lock()
+		if s.inflate() {
+			return
+		}
+		// A fast claim is between its CAS and its publishing Store.
+		s.mu.Unlock()
+		if testHookClaimWait != nil {
+			testHookClaimWait()
+		}
+		runtime.Gosched()
+	}
+}
+
+// testHookClaimWait, if set by a test, runs each time lock yields to a fast
+// claim in progress.
+var testHookClaimWait func()
+
+// inflate switches s to slow mode; s.mu is held. It reports false if a fast
+// claim is in progress, whose key and owner cannot be read yet.
+func (s *shard[K]) inflate() bool {
+	for {
+		st := s.state.Load()
+		switch {
+		case st&slowBit != 0:
+			return true
+		case st&claimingBit != 0:
+			return false
+		case st&heldBit != 0:
+			gen := st >> genShift
+			if !s.state.CompareAndSwap(st, gen<<genShift|slowBit) {
+				continue // the fast holder unlocked meanwhile
+			}
+			// The holder's Unlock now fails its CAS and comes to the mutex.
+			s.gen = gen
+			e := s.newEntry(s.fastKey)
+			e.holder, e.gen = s.fastOwner, gen
+			s.insert(e, s.l.tagOf(e.key))
+			var zero K
+			s.fastKey, s.fastOwner = zero, 0 // keep no reference to the key
+			return true
+		default:
+			if s.state.CompareAndSwap(st, st|slowBit) {
+				s.gen = st >> genShift
+				return true
+			}
+		}
+	}
+}
+
+// unlock returns s to fast mode if it has no live key, then releases s.mu.
+func (s *shard[K]) unlock() {
+	if s.live == 0 && s.fast && !s.closed {
+		s.state.Store(s.gen << genShift)
+	}
+	s.mu.Unlock()
+}
+
+// newEntry takes a recycled entry, or a new one, for key. s.mu is held.
+func (s *shard[K]) newEntry(key K) *entry[K] {
+	var e *entry[K]
+	if n := len(s.free); n > 0 {
+		e = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		e = new(entry[K])
+	}
+	e.key = key
+	return e
 }
 
 const (

@@ -1,0 +1,176 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/owner"
+)
+
+// mode describes a shard's state word for test messages and checks.
+func mode[K comparable](s *shard[K]) string {
+	st := s.state.Load()
+	switch {
+	case st&slowBit != 0:
+		return "slow"
+	case st&claimingBit != 0:
+		return "claiming"
+	case st&heldBit != 0:
+		return "fast-held"
+	default:
+		return "fast-idle"
+	}
+}
+
+func wantMode[K comparable](t *testing.T, s *shard[K], want, when string) {
+	t.Helper()
+	if got := mode(s); got != want {
+		t.Fatalf("%s: shard is %s, want %s", when, got, want)
+	}
+}
+
+// TestFastModeRoundTrip walks one shard through every transition of the
+// fast path (see shard.go) and checks that it comes back to fast mode, and
+// that grant generations keep increasing across both modes: a shard stuck
+// in slow mode would pass every functional test and lose the fast path.
+func TestFastModeRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	l := New[string](WithShards(1))
+	s := &l.shards[0]
+	wantMode(t, s, "fast-idle", "new Locker")
+
+	var gens []uint64
+	lock := func(key, wantAfter string) Guard[string] {
+		t.Helper()
+		g, err := l.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gens = append(gens, g.gen)
+		wantMode(t, s, wantAfter, "Lock("+key+")")
+		return g
+	}
+
+	a := lock("a", "fast-held")
+	if s.fastKey != "a" || s.fastOwner != owner.Goroutine() {
+		t.Fatalf("fast holder published as %q/%v, want a/%v", s.fastKey, s.fastOwner, owner.Goroutine())
+	}
+	if !l.Locked("a") { // inflates the fast grant into an entry
+		t.Fatal("Locked(a) = false for a fast grant")
+	}
+	wantMode(t, s, "slow", "Locked(a)")
+	if s.live != 1 || s.fastKey != "" {
+		t.Fatalf("after inflate: live = %d, fastKey = %q; want 1 and no key kept", s.live, s.fastKey)
+	}
+	a.Unlock()
+	wantMode(t, s, "fast-idle", "Unlock of an inflated grant")
+
+	a = lock("a", "fast-held")
+	b := lock("b", "slow") // a second key on the shard
+	if s.live != 2 {
+		t.Fatalf("live = %d, want 2", s.live)
+	}
+	a.Unlock()
+	wantMode(t, s, "slow", "one of two keys unlocked")
+	b.Unlock()
+	wantMode(t, s, "fast-idle", "both keys unlocked")
+
+	if _, err := l.TryLock(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	wantMode(t, s, "fast-held", "TryLock(c)")
+	if _, err := l.TryLock(ctx, "c"); !errors.Is(err, ErrReentrant) {
+		t.Fatalf("TryLock of own fast grant: %v, want ErrReentrant", err)
+	}
+	wantMode(t, s, "slow", "refused TryLock")
+
+	for i := 1; i < len(gens); i++ {
+		if gens[i] <= gens[i-1] {
+			t.Fatalf("grant generations %v do not increase", gens)
+		}
+	}
+	if got := s.gen; got <= gens[len(gens)-1] {
+		t.Fatalf("shard generation %d is behind the last grant %d", got, gens[len(gens)-1])
+	}
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Register(string, func() Stats) LockerObserver { return nopObserver{} }
+func (nopObserver) Acquire(Result, time.Duration)                {}
+func (nopObserver) Release(time.Duration)                        {}
+func (nopObserver) Unregister()                                  {}
+
+// TestSlowModeForGood: Lockers that need more than a holder's key and
+// owner (debug, observer, deadlock detection) never take the fast path, and
+// Close ends it for every Locker.
+func TestSlowModeForGood(t *testing.T) {
+	ctx := context.Background()
+	for name, opts := range map[string][]Option{
+		"debug":              {WithDebug()},
+		"observer":           {WithObserver(nopObserver{})},
+		"deadlock-detection": {WithDeadlockDetection()},
+		"closed":             nil,
+	} {
+		l := New[string](append(opts, WithShards(1))...)
+		s := &l.shards[0]
+		if name == "closed" {
+			if err := l.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Lock(ctx, "k"); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Lock after Close: %v", err)
+			}
+		} else {
+			g, err := l.Lock(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.Unlock()
+		}
+		wantMode(t, s, "slow", name)
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMutexSideWaitsForClaim: a mutex-side operation that finds a fast
+// claim between its CAS and its publishing Store waits for the Store, then
+// sees the claim's key and owner. The claim is staged by hand.
+func TestMutexSideWaitsForClaim(t *testing.T) {
+	l := New[string](WithShards(1))
+	s := &l.shards[0]
+	const gen = 7
+	s.state.Store(gen<<genShift | heldBit | claimingBit)
+
+	waiting := make(chan struct{}, 1)
+	testHookClaimWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	defer func() { testHookClaimWait = nil }()
+	locked := make(chan bool)
+	go func() { locked <- l.Locked("k") }()
+	select {
+	case <-waiting: // Locked is yielding to the claim
+	case got := <-locked:
+		t.Fatalf("Locked(k) = %v returned while the claim was unpublished", got)
+	}
+
+	s.fastKey, s.fastOwner = "k", owner.Goroutine()
+	s.state.Store(gen<<genShift | heldBit)
+	if !<-locked {
+		t.Fatal("Locked(k) = false once the claim was published")
+	}
+	g := Guard[string]{s: s, gen: gen, key: "k"} // the claimant's Guard
+	g.Unlock()
+	if l.Locked("k") || l.Len() != 0 {
+		t.Fatalf("after the claimant's Unlock: Locked = %v, Len = %d", l.Locked("k"), l.Len())
+	}
+	wantMode(t, s, "fast-idle", "after the claimant's Unlock")
+}
