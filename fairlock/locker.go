@@ -66,9 +66,10 @@ type Locker[K comparable] struct {
 	drained   chan struct{} // closed when draining reaches 0
 }
 
-// entry is the state of one live key. It exists while the key has a
-// holder; waiters always queue behind a holder (hand-off never leaves a key
-// free with waiters).
+// entry is the state of one live key on the mutex side. It exists while
+// the key has a holder; waiters always queue behind a holder (hand-off
+// never leaves a key free with waiters). A fast grant has no entry until
+// the mutex side inflates it (see the fast path in shard.go).
 type entry[K comparable] struct {
 	key     K
 	slot    int                        // guarded by s.mu: index in s.slots, or -1 in s.overflow
