@@ -144,7 +144,9 @@ func New[K comparable](opts ...Option) *Locker[K] {
 		l.obs = cfg.observer.Register(l.name, l.stats)
 	}
 	l.timed = l.obs != nil || cfg.debug
-	fast := !l.timed && l.detector == nil
+	// The deadlock detector needs no fast path of its own: it tracks only
+	// awaited keys, and a waiter inflates a fast grant before it asks.
+	fast := !l.timed
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.l, s.fast = l, fast

@@ -32,7 +32,7 @@ type shard[K comparable] struct {
 	fastOwner owner.ID
 
 	l    *Locker[K]
-	fast bool // the Locker takes the fast path: no debug, observer or detector
+	fast bool // the Locker takes the fast path: no debug or observer
 	mu   sync.Mutex
 
 	live     int                    // guarded by mu: live keys, inline and overflow
@@ -78,8 +78,10 @@ type shard[K comparable] struct {
 // published: the claimant is between two stores.
 //
 // Fast grants are used only when nothing needs more than the holder's key
-// and owner: Lockers with debug, an observer or deadlock detection keep
-// every shard in slow mode for good.
+// and owner: Lockers with debug or an observer (which need each grant's
+// time) keep every shard in slow mode for good. Deadlock detection does not
+// need more: its wait-for graph has edges only for awaited keys, and a
+// waiter inflates the fast grant, learning its holder, before it asks.
 const (
 	heldBit     = 1 << 0 // fast mode: a fast grant holds the shard
 	claimingBit = 1 << 1 // with heldBit: fastKey and fastOwner not yet published

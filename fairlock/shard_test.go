@@ -36,8 +36,16 @@ func wantMode[K comparable](t *testing.T, s *shard[K], want, when string) {
 // that grant generations keep increasing across both modes: a shard stuck
 // in slow mode would pass every functional test and lose the fast path.
 func TestFastModeRoundTrip(t *testing.T) {
+	for name, opts := range map[string][]Option{
+		"plain":              nil,
+		"deadlock-detection": {WithDeadlockDetection()},
+	} {
+		t.Run(name, func(t *testing.T) { fastModeRoundTrip(t, New[string](append(opts, WithShards(1))...)) })
+	}
+}
+
+func fastModeRoundTrip(t *testing.T, l *Locker[string]) {
 	ctx := context.Background()
-	l := New[string](WithShards(1))
 	s := &l.shards[0]
 	wantMode(t, s, "fast-idle", "new Locker")
 
@@ -104,15 +112,14 @@ func (nopObserver) Release(time.Duration)                        {}
 func (nopObserver) Unregister()                                  {}
 
 // TestSlowModeForGood: Lockers that need more than a holder's key and
-// owner (debug, observer, deadlock detection) never take the fast path, and
-// Close ends it for every Locker.
+// owner (debug, observer) never take the fast path, and Close ends it for
+// every Locker.
 func TestSlowModeForGood(t *testing.T) {
 	ctx := context.Background()
 	for name, opts := range map[string][]Option{
-		"debug":              {WithDebug()},
-		"observer":           {WithObserver(nopObserver{})},
-		"deadlock-detection": {WithDeadlockDetection()},
-		"closed":             nil,
+		"debug":    {WithDebug()},
+		"observer": {WithObserver(nopObserver{})},
+		"closed":   nil,
 	} {
 		l := New[string](append(opts, WithShards(1))...)
 		s := &l.shards[0]
