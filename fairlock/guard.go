@@ -10,7 +10,10 @@ type Guard[K comparable] struct {
 }
 
 // Unlock releases the lock and, if anyone waits for the key, hands it to
-// the longest-waiting one. It never blocks beyond the shard mutex.
+// the longest-waiting one. It never blocks beyond the shard mutex: a grant
+// that took the lock-free fast path (see Locker.Lock) and was never looked
+// at since is released with one compare-and-swap; any other takes the
+// shard mutex.
 //
 // Unlock is idempotent: a second Unlock of the same Guard, or of a copy,
 // does nothing, even if the key has since been granted to someone else
