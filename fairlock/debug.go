@@ -69,9 +69,9 @@ func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 			k := debug.KeyState{
 				Key:       formatKey(e.key),
 				Holder:    e.holder.String(),
-				HeldSince: e.grantedAt,
-				HeldFor:   now.Sub(e.grantedAt),
-				Stack:     frames(e.stack),
+				HeldSince: e.hold.grantedAt,
+				HeldFor:   now.Sub(e.hold.grantedAt),
+				Stack:     frames(e.hold.stack),
 				Waiters:   make([]debug.WaiterState, 0, e.waiters.Len()),
 			}
 			k.LongHeld = long(k.HeldFor)
@@ -167,8 +167,8 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) [
 		s := &l.shards[i]
 		s.lock()
 		for e := range s.entries() {
-			if age := now.Sub(e.grantedAt); due(age, &e.warned) {
-				out = append(out, warning{msg: "fairlock: lock held too long", key: formatKey(e.key), owner: e.holder.String(), age: age, stack: e.stack})
+			if age := now.Sub(e.hold.grantedAt); due(age, &e.hold.warned) {
+				out = append(out, warning{msg: "fairlock: lock held too long", key: formatKey(e.key), owner: e.holder.String(), age: age, stack: e.hold.stack})
 			}
 			for w := range e.waiters.All() {
 				if age := now.Sub(w.Value.since); due(age, &w.Value.warned) {

@@ -76,11 +76,26 @@ type entry[K comparable] struct {
 	holder  owner.ID                   // guarded by s.mu
 	gen     uint64                     // guarded by s.mu: current grant; 0 when recycled
 	waiters waitqueue.Queue[waitState] // guarded by s.mu
+	hold    *holdInfo                  // guarded by s.mu: timed Lockers only, else nil
+}
 
-	// Debug and observer bookkeeping, guarded by s.mu, set only when timed.
+// holdInfo is what debug and an observer know of a grant. It hangs off
+// the entry, and stays with it when the entry is recycled, so that Lockers
+// without them keep a held key to 80 bytes (for a string key) rather than
+// 128.
+type holdInfo struct {
 	grantedAt time.Time
 	stack     []uintptr // WithStacks: the holder's Lock call stack
 	warned    uint      // long-held warnings given for this grant
+}
+
+// grant makes id the holder of e under generation gen, granted at t with
+// stack (both only kept by timed Lockers). s.mu is held.
+func (e *entry[K]) grant(id owner.ID, gen uint64, t time.Time, stack []uintptr) {
+	e.holder, e.gen = id, gen
+	if e.hold != nil {
+		*e.hold = holdInfo{grantedAt: t, stack: stack}
+	}
 }
 
 // outcome of a wait, decided under the shard mutex by whoever ends it.
@@ -324,7 +339,7 @@ func (s *shard[K]) grantNew(key K, r *request[K]) Guard[K] {
 	e := s.newEntry(key)
 	s.insert(e, r.tag)
 	s.gen++
-	e.holder, e.gen, e.grantedAt, e.stack, e.warned = r.id, s.gen, r.now, r.stack, 0
+	e.grant(r.id, s.gen, r.now, r.stack)
 	return Guard[K]{s: s, gen: e.gen, key: key}
 }
 
@@ -455,7 +470,10 @@ func (g Guard[K]) release(report bool) bool {
 		s.unlock()
 		return false
 	}
-	grantedAt := e.grantedAt
+	var grantedAt time.Time
+	if e.hold != nil {
+		grantedAt = e.hold.grantedAt
+	}
 	next := s.handOff(e, now)
 	s.unlock()
 	if next != nil {
@@ -478,7 +496,7 @@ func (s *shard[K]) handOff(e *entry[K], now time.Time) *waiter {
 	}
 	s.waiting--
 	s.gen++
-	e.holder, e.gen, e.grantedAt, e.stack, e.warned = w.Value.owner, s.gen, now, w.Value.stack, 0
+	e.grant(w.Value.owner, s.gen, now, w.Value.stack)
 	w.Value.outcome, w.Value.gen = granted, s.gen
 	if d := s.l.detector; d != nil {
 		d.handOff(e.key, e.holder, e.waiters.Len() > 0)
@@ -489,7 +507,12 @@ func (s *shard[K]) handOff(e *entry[K], now time.Time) *waiter {
 // remove deletes the idle entry e and recycles it. s.mu is held.
 func (s *shard[K]) remove(e *entry[K]) {
 	s.delete(e)
+	hold := e.hold
 	*e = entry[K]{}
+	if hold != nil {
+		*hold = holdInfo{}
+		e.hold = hold
+	}
 	if len(s.free) < maxFree {
 		s.free = append(s.free, e)
 	}

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fairlock/fairlock/owner"
 )
@@ -128,7 +129,7 @@ func (s *shard[K]) inflate() bool {
 			// The holder's Unlock now fails its CAS and comes to the mutex.
 			s.gen = gen
 			e := s.newEntry(s.fastKey)
-			e.holder, e.gen = s.fastOwner, gen
+			e.grant(s.fastOwner, gen, time.Time{}, nil)
 			s.insert(e, s.l.tagOf(e.key))
 			var zero K
 			s.fastKey, s.fastOwner = zero, 0 // keep no reference to the key
@@ -158,6 +159,9 @@ func (s *shard[K]) newEntry(key K) *entry[K] {
 		s.free = s.free[:n-1]
 	} else {
 		e = new(entry[K])
+		if s.l.timed {
+			e.hold = new(holdInfo)
+		}
 	}
 	e.key = key
 	return e

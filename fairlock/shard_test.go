@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fairlock/fairlock/owner"
 )
@@ -180,4 +181,13 @@ func TestMutexSideWaitsForClaim(t *testing.T) {
 		t.Fatalf("after the claimant's Unlock: Locked = %v, Len = %d", l.Locked("k"), l.Len())
 	}
 	wantMode(t, s, "fast-idle", "after the claimant's Unlock")
+}
+
+// TestEntrySize: a held string key's entry fits Go's 80-byte size class;
+// debug and observer bookkeeping hang off it (holdInfo) instead of
+// widening every entry to the 128-byte class.
+func TestEntrySize(t *testing.T) {
+	if got := unsafe.Sizeof(entry[string]{}); got > 80 {
+		t.Fatalf("entry[string] is %d bytes, want at most 80", got)
+	}
 }
