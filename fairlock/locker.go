@@ -214,20 +214,20 @@ func (l *Locker[K]) now() time.Time {
 // else, and without WithDebug or WithObserver, Lock is lock-free: one
 // compare-and-swap and one atomic store, without the shard mutex.
 func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
-	if g, ok := l.lockFast(ctx, key); ok {
+	s, tag := l.shardOf(key)
+	if g, ok := l.lockFast(ctx, s, key); ok {
 		return g, nil
 	}
-	return l.lockSlow(ctx, key)
+	return l.lockSlow(ctx, key, s, tag)
 }
 
 // lockFast grants key if its shard is idle in fast mode: nothing held or
 // awaited on the shard. It reports false, having changed nothing, in every
 // other case, including a nil or done ctx. See the fast path in shard.go.
-func (l *Locker[K]) lockFast(ctx context.Context, key K) (Guard[K], bool) {
+func (l *Locker[K]) lockFast(ctx context.Context, s *shard[K], key K) (Guard[K], bool) {
 	if ctx == nil || ctx.Err() != nil {
 		return Guard[K]{}, false
 	}
-	s, _ := l.shardOf(key)
 	st := s.state.Load()
 	if st&(heldBit|slowBit) != 0 {
 		return Guard[K]{}, false
@@ -244,12 +244,11 @@ func (l *Locker[K]) lockFast(ctx context.Context, key K) (Guard[K], bool) {
 
 // lockSlow is Lock's path under the shard mutex. It is outlined so that
 // Lock's fast path stays short, as in sync.Mutex.
-func (l *Locker[K]) lockSlow(ctx context.Context, key K) (Guard[K], error) {
-	var r request[K]
+func (l *Locker[K]) lockSlow(ctx context.Context, key K, s *shard[K], tag uint64) (Guard[K], error) {
+	r := request[K]{s: s, tag: tag}
 	if err := l.prepare(ctx, "Lock", key, &r); err != nil {
 		return Guard[K]{}, err
 	}
-	s := r.s
 	s.lock()
 	if e := s.find(key, r.tag); e != nil || s.closed {
 		return l.lockHeld(ctx, e, key, &r)
@@ -271,8 +270,9 @@ type request[K comparable] struct {
 	stack []uintptr // nil unless WithStacks
 }
 
-// prepare checks ctx and fills r with the call's owner, shard and, if
-// they will be looked at, its time and stack. op names the caller in errors.
+// prepare checks ctx and fills r, whose shard and tag are set, with the
+// call's owner and, if they will be looked at, its time and stack. op names
+// the caller in errors.
 func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]) error {
 	if ctx == nil {
 		panic("fairlock: " + op + " with a nil context")
@@ -285,7 +285,6 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 	if l.dbg != nil && l.dbg.stacks {
 		r.stack = captureStack()
 	}
-	r.s, r.tag = l.shardOf(key)
 	return nil
 }
 
@@ -298,19 +297,19 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 // holds it or waits for it, and ErrClosed if the Locker is closed. It
 // allocates nothing on success.
 func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
-	if g, ok := l.lockFast(ctx, key); ok {
+	s, tag := l.shardOf(key)
+	if g, ok := l.lockFast(ctx, s, key); ok {
 		return g, nil
 	}
-	return l.tryLockSlow(ctx, key)
+	return l.tryLockSlow(ctx, key, s, tag)
 }
 
 // tryLockSlow is TryLock's path under the shard mutex.
-func (l *Locker[K]) tryLockSlow(ctx context.Context, key K) (Guard[K], error) {
-	var r request[K]
+func (l *Locker[K]) tryLockSlow(ctx context.Context, key K, s *shard[K], tag uint64) (Guard[K], error) {
+	r := request[K]{s: s, tag: tag}
 	if err := l.prepare(ctx, "TryLock", key, &r); err != nil {
 		return Guard[K]{}, err
 	}
-	s := r.s
 	s.lock()
 	e := s.find(key, r.tag)
 	var err error
