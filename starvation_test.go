@@ -3,6 +3,7 @@ package fairlock_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -174,4 +175,63 @@ func (n *naiveKeyed) lock(key string) func() {
 	n.mu.Unlock()
 	m.Lock()
 	return m.Unlock
+}
+
+// TestHandOffChainLetsRunQueueIn checks that a hot key does not keep the
+// processor from goroutines that are runnable but not queued on it.
+//
+// With one processor, each release wakes the next holder on the releaser's
+// time slice, so the holders form a chain that the scheduler does not
+// interrupt until its 10 ms preemption, and often not then (traces showed
+// waits of 75 and 173 ms). This goroutine calls runtime.Gosched while four
+// others cycle on the key, which leaves it in the global run queue, where a
+// goroutine preempted between its Unlock and its next Lock also lands.
+// Release yields every 64 grants (yieldEvery), so this goroutine must run
+// again within 64 grants; 256 leaves slack. Without the yield, the count
+// here was in the thousands.
+//
+// Under -race the runtime puts a woken goroutine in runnext only half the
+// time, which breaks the chain by itself, so this test can fail only in a
+// build without -race; .ci/run runs it that way as well.
+func TestHandOffChainLetsRunQueueIn(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const G = 4
+	l := fairlock.New[string]()
+	ctx := context.Background()
+	first, err := l.Lock(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		grants atomic.Int64
+		stop   atomic.Bool
+		wg     sync.WaitGroup
+	)
+	for range G {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				g, err := l.Lock(ctx, "hot")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				grants.Add(1)
+				g.Unlock()
+			}
+		}()
+	}
+	waitWaiters(t, l, "hot", G)
+	first.Unlock() // the chain starts with the head waiter
+	runtime.Gosched()
+	n := grants.Load()
+	stop.Store(true)
+	wg.Wait()
+	if n > 256 {
+		t.Errorf("this goroutine ran again only after %d grants on the hot key; want at most 256", n)
+	}
+	if l.Len() != 0 {
+		t.Errorf("Len() = %d after all released, want 0", l.Len())
+	}
 }

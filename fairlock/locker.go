@@ -474,8 +474,12 @@ func (g Guard[K]) release(report bool) bool {
 		grantedAt = e.hold.grantedAt
 	}
 	next := s.handOff(e, now)
+	yield := next != nil && s.handOffs%yieldEvery == 0
 	s.unlock()
 	if next != nil {
+		if yield {
+			runtime.Gosched()
+		}
 		next.Signal()
 	}
 	if report && l.obs != nil {
@@ -483,6 +487,34 @@ func (g Guard[K]) release(report bool) bool {
 	}
 	return true
 }
+
+// yieldEvery is how often, in hand-offs of a shard, a release yields its
+// processor before it wakes the waiter it handed the key to.
+//
+// Why. Waking a goroutine puts it in the waker's runnext slot, which the Go
+// scheduler runs before its run queues and on the waker's time slice. On a
+// hot key every release wakes the next holder, who releases and wakes the
+// next, so the holders form a chain that keeps the processor. Goroutines
+// that are runnable but not queued here wait in a run queue until the chain
+// breaks: one preempted between its Unlock and its next Lock, or one woken
+// from the shard mutex and pushed out of runnext by the next wake-up. The
+// scheduler's own remedy, a look at the global run queue every 61
+// schedules (schedule in runtime/proc.go), never comes, because the chain
+// runs on one inherited time slice. With GOMAXPROCS=1 (a one-CPU machine,
+// or uber-go/automaxprocs under a one-CPU quota), 32 goroutines on a hot
+// key saw maximum waits of 20 to 173 ms where the queue itself turns over
+// in 0.1 ms; execution traces showed a goroutine preempted after its Unlock
+// run again 75 and 173 ms later. With two processors a trace showed a 5 ms
+// wait of this kind while the other processor's thread was stalled.
+//
+// A yield before the wake-up leaves runnext empty, so the scheduler serves
+// its run queues, those goroutines reach the key's queue, and the chain
+// resumes with the holder it was handed to (granted already, woken after
+// the yield). TestHandOffChainLetsRunQueueIn checks the bound.
+//
+// Cost: one runtime.Gosched per yieldEvery grants, a few hundred
+// nanoseconds; with the run queues empty the releaser resumes at once.
+const yieldEvery = 64
 
 // handOff ends e's current grant: the head waiter becomes the holder and is
 // returned for the caller to signal once s.mu is released, or, with no
@@ -495,6 +527,7 @@ func (s *shard[K]) handOff(e *entry[K], now time.Time) *waiter {
 	}
 	s.waiting--
 	s.gen++
+	s.handOffs++
 	e.grant(w.Value.owner, s.gen, now, w.Value.stack)
 	w.Value.outcome, w.Value.gen = granted, s.gen
 	if d := s.l.detector; d != nil {

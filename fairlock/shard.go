@@ -44,6 +44,7 @@ type shard[K comparable] struct {
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
 	waiting  int                    // guarded by mu: waiters over all entries
 	gen      uint64                 // guarded by mu: last grant generation handed out (in slow mode)
+	handOffs uint64                 // guarded by mu: grants passed from a holder to a waiter
 	closed   bool                   // guarded by mu: Close has run over this shard
 	_        [64]byte
 }
