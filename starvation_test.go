@@ -186,9 +186,9 @@ func (n *naiveKeyed) lock(key string) func() {
 // waits of 75 and 173 ms). This goroutine calls runtime.Gosched while four
 // others cycle on the key, which leaves it in the global run queue, where a
 // goroutine preempted between its Unlock and its next Lock also lands.
-// Release yields every 64 grants (yieldEvery), so this goroutine must run
-// again within 64 grants; 256 leaves slack. Without the yield, the count
-// here was in the thousands.
+// With GOMAXPROCS=1 a release yields every 64 hand-offs (yieldEvery), so
+// this goroutine must run again within 64 grants; 256 leaves slack. Without
+// the yield, the count here was 72,000 to 500,000.
 //
 // Under -race the runtime puts a woken goroutine in runnext only half the
 // time, which breaks the chain by itself, so this test can fail only in a

@@ -13,10 +13,10 @@ type Guard[K comparable] struct {
 // the longest-waiting one. It never blocks beyond the shard mutex: a grant
 // that took the lock-free fast path (see Locker.Lock) and was never looked
 // at since is released with one compare-and-swap; any other takes the
-// shard mutex. One hand-off in 64 per shard yields the processor
-// (runtime.Gosched) before waking the new holder, so that a hot key's chain
-// of wake-ups cannot keep other runnable goroutines off it (yieldEvery in
-// locker.go).
+// shard mutex. With GOMAXPROCS=1, one hand-off in 64 per shard yields the
+// processor (runtime.Gosched) before waking the new holder, so that a hot
+// key's chain of wake-ups cannot keep other runnable goroutines off it
+// (yieldEvery in locker.go).
 //
 // Unlock is idempotent: a second Unlock of the same Guard, or of a copy,
 // does nothing, even if the key has since been granted to someone else

@@ -477,7 +477,7 @@ func (g Guard[K]) release(report bool) bool {
 	yield := next != nil && s.handOffs%yieldEvery == 0
 	s.unlock()
 	if next != nil {
-		if yield {
+		if yield && runtime.GOMAXPROCS(0) == 1 {
 			runtime.Gosched()
 		}
 		next.Signal()
@@ -489,7 +489,8 @@ func (g Guard[K]) release(report bool) bool {
 }
 
 // yieldEvery is how often, in hand-offs of a shard, a release yields its
-// processor before it wakes the waiter it handed the key to.
+// processor before it wakes the waiter it handed the key to, when the
+// program runs on one processor (GOMAXPROCS=1).
 //
 // Why. Waking a goroutine puts it in the waker's runnext slot, which the Go
 // scheduler runs before its run queues and on the waker's time slice. On a
@@ -499,21 +500,30 @@ func (g Guard[K]) release(report bool) bool {
 // breaks: one preempted between its Unlock and its next Lock, or one woken
 // from the shard mutex and pushed out of runnext by the next wake-up. The
 // scheduler's own remedy, a look at the global run queue every 61
-// schedules (schedule in runtime/proc.go), never comes, because the chain
+// schedules (schedule in runtime/proc.go), seldom comes, because the chain
 // runs on one inherited time slice. With GOMAXPROCS=1 (a one-CPU machine,
-// or uber-go/automaxprocs under a one-CPU quota), 32 goroutines on a hot
-// key saw maximum waits of 20 to 173 ms where the queue itself turns over
-// in 0.1 ms; execution traces showed a goroutine preempted after its Unlock
-// run again 75 and 173 ms later. With two processors a trace showed a 5 ms
-// wait of this kind while the other processor's thread was stalled.
+// or uber-go/automaxprocs under a one-CPU quota), 10 of 14 runs of 32
+// goroutines on a hot key saw a maximum wait of 10 to 51 ms, where the
+// queue itself turns over in 0.1 ms, and execution traces showed a
+// goroutine preempted after its Unlock run again 75 and 173 ms later.
 //
 // A yield before the wake-up leaves runnext empty, so the scheduler serves
 // its run queues, those goroutines reach the key's queue, and the chain
 // resumes with the holder it was handed to (granted already, woken after
 // the yield). TestHandOffChainLetsRunQueueIn checks the bound.
 //
-// Cost: one runtime.Gosched per yieldEvery grants, a few hundred
-// nanoseconds; with the run queues empty the releaser resumes at once.
+// With more processors, idle ones take runnable goroutines from the chain's
+// run queue, so the chain starves nobody for long (one trace with two
+// processors showed a 5 ms wait of this kind, while the other processor's
+// thread was off the CPU), and a yield costs a thread wake-up (Gosched
+// wakes an idle processor). Yielding there too was
+// measured (docs/performance.md): 4% more hot-key throughput, but more
+// multi-millisecond stalls with 128 goroutines on the 2-core CI machine, so
+// it is not done.
+//
+// Cost with one processor: one runtime.Gosched per yieldEvery hand-offs, a
+// few hundred nanoseconds, and nothing to wake; with more, a read of
+// GOMAXPROCS per yieldEvery hand-offs.
 const yieldEvery = 64
 
 // handOff ends e's current grant: the head waiter becomes the holder and is
