@@ -88,5 +88,27 @@ func TestCancelStormLeaksNothing(t *testing.T) {
 		if c.Ops == 0 || c.Failed == 0 {
 			t.Errorf("%s: storm had %d grants and %d give-ups; want both", impl.Name, c.Ops, c.Failed)
 		}
+		// Grants were spread over the run, so the longest pause between
+		// them lies strictly between nothing and the whole run.
+		if c.Ops > 1 && (c.LongestPause <= 0 || c.LongestPause >= c.Elapsed) {
+			t.Errorf("%s: longest pause %v, want within (0, %v)", impl.Name, c.LongestPause, c.Elapsed)
+		}
+	}
+}
+
+// TestLongestGap checks the pause measure on known grant times.
+func TestLongestGap(t *testing.T) {
+	for _, c := range []struct {
+		ts   []time.Duration
+		want time.Duration
+	}{
+		{nil, 0},
+		{[]time.Duration{5}, 0},
+		{[]time.Duration{30, 10, 12, 50}, 20}, // unsorted: 10 12 30 50
+		{[]time.Duration{7, 7, 9}, 2},
+	} {
+		if got := longestGap(c.ts); got != c.want {
+			t.Errorf("longestGap(%v) = %v, want %v", c.ts, got, c.want)
+		}
 	}
 }

@@ -91,6 +91,12 @@ type Contended struct {
 	PerG       []int           // successful cycles per goroutine
 	Waits      []time.Duration // every successful Lock's wait, sorted
 	Entries    int             // per-key entries left after the run (-1: none kept)
+	// LongestPause is the longest interval in the run in which no Lock
+	// returned in any goroutine. On a hot key under a FIFO lock it is a
+	// stall that every queued waiter sat through, such as the holder's
+	// thread losing its CPU; it puts the max wait next to what the machine
+	// did in the same run.
+	LongestPause time.Duration
 }
 
 // Throughput is successful cycles per second.
@@ -128,9 +134,9 @@ func Spin(d time.Duration) {
 	}
 }
 
-// cycle is one goroutine's operation: it reports the wait of a successful
-// Lock+Unlock, or ok=false for a give-up.
-type cycle func(h Handle) (wait time.Duration, ok bool)
+// cycle is one goroutine's operation: it reports when a successful Lock
+// returned and how long it waited, or ok=false for a give-up.
+type cycle func(h Handle) (granted time.Time, wait time.Duration, ok bool)
 
 // run drives g goroutines for d; each makes its cycle with newCycle (given
 // its own random source) and calls it in a loop.
@@ -138,7 +144,9 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 	l := impl.New()
 	res := Contended{Goroutines: g, PerG: make([]int, g)}
 	waits := make([][]time.Duration, g)
+	grants := make([][]time.Duration, g) // when each Lock returned, from t0
 	failed := make([]int, g)
+	var t0 time.Time // set before start is closed
 	var stop atomic.Bool
 	var wg, ready sync.WaitGroup
 	start := make(chan struct{})
@@ -150,22 +158,24 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 			h := l.Handle()
 			op := newCycle(rand.New(rand.NewSource(int64(i) + 1)))
 			w := make([]time.Duration, 0, 4096)
+			at := make([]time.Duration, 0, 4096)
 			ready.Done()
 			<-start
 			for !stop.Load() {
-				wait, ok := op(h)
+				granted, wait, ok := op(h)
 				if !ok {
 					failed[i]++
 					continue
 				}
 				w = append(w, wait)
+				at = append(at, granted.Sub(t0))
 				res.PerG[i]++
 			}
-			waits[i] = w
+			waits[i], grants[i] = w, at
 		}()
 	}
 	ready.Wait()
-	t0 := time.Now()
+	t0 = time.Now()
 	close(start)
 	time.Sleep(d)
 	stop.Store(true)
@@ -177,8 +187,20 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 		res.Waits = append(res.Waits, waits[i]...)
 	}
 	slices.Sort(res.Waits)
+	res.LongestPause = longestGap(slices.Concat(grants...))
 	res.Entries = l.Entries()
 	return res
+}
+
+// longestGap sorts ts and returns the largest difference between
+// neighbours (0 for fewer than two).
+func longestGap(ts []time.Duration) time.Duration {
+	slices.Sort(ts)
+	var gap time.Duration
+	for i := 1; i < len(ts); i++ {
+		gap = max(gap, ts[i]-ts[i-1])
+	}
+	return gap
 }
 
 // HotKey is scenario 3: g goroutines Lock one key, hold it for hold, and
@@ -200,15 +222,15 @@ func Zipf(impl Impl, g, n int, s float64, hold, d time.Duration) Contended {
 // lockSpin locks the key that next returns, spins for hold and unlocks.
 func lockSpin(next func() string, hold time.Duration) cycle {
 	ctx := context.Background()
-	return func(h Handle) (time.Duration, bool) {
+	return func(h Handle) (time.Time, time.Duration, bool) {
 		t := time.Now()
 		if err := h.Lock(ctx, next()); err != nil {
-			return 0, false
+			return time.Time{}, 0, false
 		}
-		wait := time.Since(t)
+		granted := time.Now()
 		Spin(hold)
 		h.Unlock()
-		return wait, true
+		return granted, granted.Sub(t), true
 	}
 }
 
@@ -217,18 +239,18 @@ func lockSpin(next func() string, hold time.Duration) cycle {
 // for Cancellable locks. Entries must be 0 afterwards.
 func CancelStorm(impl Impl, g int, hold, maxTimeout, d time.Duration) Contended {
 	return run(impl, g, d, func(rng *rand.Rand) cycle {
-		return func(h Handle) (time.Duration, bool) {
+		return func(h Handle) (time.Time, time.Duration, bool) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+rng.Int63n(int64(maxTimeout))))
 			t := time.Now()
 			err := h.Lock(ctx, "hot")
 			cancel()
 			if err != nil {
-				return 0, false
+				return time.Time{}, 0, false
 			}
-			wait := time.Since(t)
+			granted := time.Now()
 			Spin(hold)
 			h.Unlock()
-			return wait, true
+			return granted, granted.Sub(t), true
 		}
 	})
 }
