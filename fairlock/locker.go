@@ -386,8 +386,9 @@ func (l *Locker[K]) lockHeld(ctx context.Context, e *entry[K], key K, r *request
 				releaseWaiter(w)
 				return l.fail(ctx, "Lock", key, id, contextError(ctx), since(now))
 			}
-			// Granted or closed in the same instant. The decider signals right
-			// after releasing s.mu; take its signal so w can be reused.
+			// Granted or closed in the same instant. The decider signals after
+			// releasing s.mu (and, one time in yieldEvery, a yield); take its
+			// signal so w can be reused.
 			s.unlock()
 			<-w.Ready()
 		}
@@ -516,10 +517,10 @@ func (g Guard[K]) release(report bool) bool {
 // run queue, so the chain starves nobody for long (one trace with two
 // processors showed a 5 ms wait of this kind, while the other processor's
 // thread was off the CPU), and a yield costs a thread wake-up (Gosched
-// wakes an idle processor). Yielding there too was
-// measured (docs/performance.md): 4% more hot-key throughput, but more
-// multi-millisecond stalls with 128 goroutines on the 2-core CI machine, so
-// it is not done.
+// wakes an idle processor). Yielding there too was measured
+// (docs/performance.md): 4% more hot-key throughput, but more
+// multi-millisecond stalls with 128 goroutines on the 2-core CI machine,
+// so it is not done.
 //
 // Cost with one processor: one runtime.Gosched per yieldEvery hand-offs, a
 // few hundred nanoseconds, and nothing to wake; with more, a read of
