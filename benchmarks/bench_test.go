@@ -96,6 +96,21 @@ func TestCancelStormLeaksNothing(t *testing.T) {
 	}
 }
 
+// TestGrantsInLongestWait checks the count on known waits and grant times.
+func TestGrantsInLongestWait(t *testing.T) {
+	// Goroutine 0 waited 2 (granted at 3) and then 9, granted at 20: the
+	// grants at 12 and 15 of goroutine 1 fall inside (11, 20), the one at
+	// 11 (the window's start) and at 25 do not.
+	waits := [][]time.Duration{{2, 9}, {1, 1, 1, 4}}
+	grants := [][]time.Duration{{3, 20}, {11, 12, 15, 25}}
+	if got := grantsInLongestWait(waits, grants); got != 2 {
+		t.Errorf("grantsInLongestWait = %d, want 2", got)
+	}
+	if got := grantsInLongestWait(nil, nil); got != 0 {
+		t.Errorf("grantsInLongestWait of no waits = %d, want 0", got)
+	}
+}
+
 // TestLongestGap checks the pause measure on known grant times.
 func TestLongestGap(t *testing.T) {
 	for _, c := range []struct {

@@ -97,6 +97,13 @@ type Contended struct {
 	// thread losing its CPU; it puts the max wait next to what the machine
 	// did in the same run.
 	LongestPause time.Duration
+	// GrantsInMaxWait counts the Locks that returned in other goroutines
+	// while the longest wait lasted. A strict FIFO queue of g goroutines
+	// grants at most g-1 others before a call that has joined it, so a
+	// larger count says the longest wait was mostly spent before the call
+	// reached the lock's queue (its thread held up, as by another thread
+	// taking its CPU), not in the queue.
+	GrantsInMaxWait int
 }
 
 // Throughput is successful cycles per second.
@@ -157,8 +164,7 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 			defer wg.Done()
 			h := l.Handle()
 			op := newCycle(rand.New(rand.NewSource(int64(i) + 1)))
-			w := make([]time.Duration, 0, 4096)
-			at := make([]time.Duration, 0, 4096)
+			w, at := samples(g, d), samples(g, d)
 			ready.Done()
 			<-start
 			for !stop.Load() {
@@ -175,6 +181,10 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 		}()
 	}
 	ready.Wait()
+	// Collect the garbage of earlier runs now, as testing.B does before
+	// each benchmark, so that a collection they made due does not start
+	// inside this run and bill its pauses to this lock.
+	runtime.GC()
 	t0 = time.Now()
 	close(start)
 	time.Sleep(d)
@@ -188,8 +198,33 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 	}
 	slices.Sort(res.Waits)
 	res.LongestPause = longestGap(slices.Concat(grants...))
+	res.GrantsInMaxWait = grantsInLongestWait(waits, grants)
 	res.Entries = l.Entries()
 	return res
+}
+
+// samplesPerSecond bounds the Lock calls per second that run records
+// without growing a slice: above every lock's hot-key rate here (at most
+// about 10⁶/s), so that a goroutine's record grows only if it takes
+// several times its share.
+const samplesPerSecond = 2_000_000
+
+// samples returns an empty slice with room for one goroutine's share of
+// samplesPerSecond over d, its pages already touched. When the slices
+// grew inside a run, each growth (up to 90 KB of fresh memory, faulted in
+// and copied) took about 100 µs after an Unlock. Under a FIFO lock the
+// goroutines move in step, so all 32 grew theirs in consecutive turns,
+// each while the holder it had just woken on the same processor waited
+// for it. The hand-offs of that turn of the queue took up to 160 µs each,
+// and a call that waited through them set the max wait: 2.2 and 2.7 ms at
+// G=32 in two runs, both about 1.1 s in, where the slices grew the fifth
+// time.
+func samples(g int, d time.Duration) []time.Duration {
+	s := make([]time.Duration, max(4096, int(d.Seconds()*samplesPerSecond)/g))
+	for i := range s {
+		s[i] = 1 // touch every page now, not at the first append of the run
+	}
+	return s[:0]
 }
 
 // longestGap sorts ts and returns the largest difference between
@@ -201,6 +236,29 @@ func longestGap(ts []time.Duration) time.Duration {
 		gap = max(gap, ts[i]-ts[i-1])
 	}
 	return gap
+}
+
+// grantsInLongestWait finds the longest wait, waits[i][j], which ended
+// when grants[i][j] (from the run's start) was taken, and counts the
+// grants of all goroutines strictly inside it.
+func grantsInLongestWait(waits, grants [][]time.Duration) int {
+	var longest, end time.Duration
+	for i := range waits {
+		for j, w := range waits[i] {
+			if w > longest {
+				longest, end = w, grants[i][j]
+			}
+		}
+	}
+	n := 0
+	for _, ts := range grants {
+		for _, t := range ts {
+			if t > end-longest && t < end {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // HotKey is scenario 3: g goroutines Lock one key, hold it for hold, and

@@ -162,7 +162,7 @@ func compare(w io.Writer, s settings) (missed int, err error) {
 }
 
 func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
-	tw := table(w, title, "impl", "ops/s", "Jain", "p50 wait", "p99 wait", "max wait", "longest pause", "fairlock ÷ peer (ops/s)", "fairlock ÷ peer (max wait)")
+	tw := table(w, title, "impl", "ops/s", "Jain", "p50 wait", "p99 wait", "max wait", "grants in max wait", "longest pause", "fairlock ÷ peer (ops/s)", "fairlock ÷ peer (max wait)")
 	f := rs[impls[0].Name]
 	for _, impl := range impls {
 		c, ok := rs[impl.Name]
@@ -170,7 +170,7 @@ func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[s
 			continue
 		}
 		row(tw, impl.Name, fmt.Sprintf("%.0f", c.Throughput()), fmt.Sprintf("%.3f", c.Jain()),
-			dur(c.Quantile(0.5)), dur(c.Quantile(0.99)), dur(c.Quantile(1)), dur(c.LongestPause),
+			dur(c.Quantile(0.5)), dur(c.Quantile(0.99)), dur(c.Quantile(1)), fmt.Sprint(c.GrantsInMaxWait), dur(c.LongestPause),
 			ratio(f.Throughput(), c.Throughput()), ratio(float64(f.Quantile(1)), float64(c.Quantile(1))))
 	}
 	tw.Flush()
