@@ -99,10 +99,12 @@ type Contended struct {
 	LongestPause time.Duration
 	// GrantsInMaxWait counts the Locks that returned in other goroutines
 	// while the longest wait lasted. A strict FIFO queue of g goroutines
-	// grants at most g-1 others before a call that has joined it, so a
-	// larger count says the longest wait was mostly spent before the call
-	// reached the lock's queue (its thread held up, as by another thread
-	// taking its CPU), not in the queue.
+	// grants at most g-1 others before a call that has joined it, so under
+	// a FIFO lock a larger count says part of the longest wait, about one
+	// turn of the key per extra grant, passed before the call reached the
+	// lock's queue (its thread held up, as by another thread taking its
+	// CPU). Under a barging lock the count is how often the waiting call
+	// was overtaken.
 	GrantsInMaxWait int
 }
 
