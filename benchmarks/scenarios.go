@@ -212,17 +212,20 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 const samplesPerSecond = 2_000_000
 
 // samples returns an empty slice with room for one goroutine's share of
-// samplesPerSecond over d, its pages already touched. When the slices
-// grew inside a run, each growth (up to 90 KB of fresh memory, faulted in
-// and copied) took about 100 µs after an Unlock. Under a FIFO lock the
-// goroutines move in step, so all 32 grew theirs in consecutive turns,
-// each while the holder it had just woken on the same processor waited
-// for it. The hand-offs of that turn of the queue took up to 160 µs each,
-// and a call that waited through them set the max wait: 2.2 and 2.7 ms at
-// G=32 in two runs, both about 1.1 s in, where the slices grew the fifth
-// time.
+// samplesPerSecond over d, its pages already touched. The room stops at
+// 2 s (64 MB over both slices of all goroutines); a longer run grows
+// them.
+//
+// Why. When the slices grew inside a run, each growth (up to 90 KB of
+// fresh memory, faulted in and copied) took about 100 µs after an Unlock.
+// Under a FIFO lock the goroutines move in step, so all 32 grew theirs in
+// consecutive turns, each while the holder it had just woken on the same
+// processor waited for it. The hand-offs of that turn of the queue took
+// up to 160 µs each, and a call that waited through them set the max
+// wait: 2.2 and 2.7 ms at G=32 in two runs, both about 1.1 s in, where
+// the slices grew the fifth time.
 func samples(g int, d time.Duration) []time.Duration {
-	s := make([]time.Duration, max(4096, int(d.Seconds()*samplesPerSecond)/g))
+	s := make([]time.Duration, max(4096, int(min(d, 2*time.Second).Seconds()*samplesPerSecond)/g))
 	for i := range s {
 		s[i] = 1 // touch every page now, not at the first append of the run
 	}
