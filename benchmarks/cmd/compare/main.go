@@ -205,7 +205,25 @@ func checkTargets(w io.Writer, ops map[string]map[string]benchmarks.OpResult, ho
 	check("churn: heap retained after ÷ heap at peak", float64(churn.Retained)/float64(churn.PeakHeap), "<=", 0.05)
 	check("cancellation storm: entries left", float64(storm.Entries), "<=", 0)
 	tw.Flush()
+	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", maxWaitShape(f))
 	return missed
+}
+
+// maxWaitShape says what fairlock's longest wait in c was made of, from
+// the two context columns: a call held up before it joined the queue (more
+// grants went by than a FIFO queue lets pass a queued call), or a stall of
+// the whole queue (the longest pause is most of the wait), or neither.
+func maxWaitShape(c benchmarks.Contended) string {
+	longest := c.Quantile(1)
+	switch {
+	case c.GrantsInMaxWait > c.Goroutines-1:
+		return fmt.Sprintf("%s, held up before it joined the queue (%d grants went to others; a queued call lets at most %d pass)",
+			dur(longest), c.GrantsInMaxWait, c.Goroutines-1)
+	case c.LongestPause >= longest/2:
+		return fmt.Sprintf("%s, in the queue through a stall of the whole run (longest pause %s)", dur(longest), dur(c.LongestPause))
+	default:
+		return fmt.Sprintf("%s, in the queue (%d grants, longest pause %s)", dur(longest), c.GrantsInMaxWait, dur(c.LongestPause))
+	}
 }
 
 func table(w io.Writer, title string, cols ...string) *tabwriter.Writer {
