@@ -96,18 +96,20 @@ func TestCancelStormLeaksNothing(t *testing.T) {
 	}
 }
 
-// TestGrantsInLongestWait checks the count on known waits and grant times.
-func TestGrantsInLongestWait(t *testing.T) {
+// TestInsideLongestWait checks the count and the pause on known waits and
+// grant times.
+func TestInsideLongestWait(t *testing.T) {
 	// Goroutine 0 waited 2 (granted at 3) and then 9, granted at 20: the
 	// grants at 12 and 15 of goroutine 1 fall inside (11, 20), the one at
-	// 11 (the window's start) and at 25 do not.
+	// 11 (the window's start) and at 25 do not. The longest interval
+	// without a grant inside the wait is 15 to 20.
 	waits := [][]time.Duration{{2, 9}, {1, 1, 1, 4}}
 	grants := [][]time.Duration{{3, 20}, {11, 12, 15, 25}}
-	if got := grantsInLongestWait(waits, grants); got != 2 {
-		t.Errorf("grantsInLongestWait = %d, want 2", got)
+	if n, pause := insideLongestWait(waits, grants); n != 2 || pause != 5 {
+		t.Errorf("insideLongestWait = %d grants, pause %v; want 2, 5ns", n, pause)
 	}
-	if got := grantsInLongestWait(nil, nil); got != 0 {
-		t.Errorf("grantsInLongestWait of no waits = %d, want 0", got)
+	if n, pause := insideLongestWait(nil, nil); n != 0 || pause != 0 {
+		t.Errorf("insideLongestWait of no waits = %d, %v; want 0, 0", n, pause)
 	}
 }
 

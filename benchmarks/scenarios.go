@@ -106,6 +106,10 @@ type Contended struct {
 	// CPU). Under a barging lock the count is how often the waiting call
 	// was overtaken.
 	GrantsInMaxWait int
+	// PauseInMaxWait is the longest interval within the longest wait in
+	// which no Lock returned anywhere: when it is most of that wait, the
+	// call sat through a stall of the whole run.
+	PauseInMaxWait time.Duration
 }
 
 // Throughput is successful cycles per second.
@@ -200,7 +204,7 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 	}
 	slices.Sort(res.Waits)
 	res.LongestPause = longestGap(slices.Concat(grants...))
-	res.GrantsInMaxWait = grantsInLongestWait(waits, grants)
+	res.GrantsInMaxWait, res.PauseInMaxWait = insideLongestWait(waits, grants)
 	res.Entries = l.Entries()
 	return res
 }
@@ -243,10 +247,11 @@ func longestGap(ts []time.Duration) time.Duration {
 	return gap
 }
 
-// grantsInLongestWait finds the longest wait, waits[i][j], which ended
-// when grants[i][j] (from the run's start) was taken, and counts the
-// grants of all goroutines strictly inside it.
-func grantsInLongestWait(waits, grants [][]time.Duration) int {
+// insideLongestWait finds the longest wait, waits[i][j], which ended when
+// grants[i][j] (from the run's start) was taken. It counts the grants of
+// all goroutines strictly inside that wait and returns the longest
+// interval inside it with no grant, from its start to its end.
+func insideLongestWait(waits, grants [][]time.Duration) (n int, pause time.Duration) {
 	var longest, end time.Duration
 	for i := range waits {
 		for j, w := range waits[i] {
@@ -255,15 +260,16 @@ func grantsInLongestWait(waits, grants [][]time.Duration) int {
 			}
 		}
 	}
-	n := 0
+	start := end - longest
+	inside := []time.Duration{start, end}
 	for _, ts := range grants {
 		for _, t := range ts {
-			if t > end-longest && t < end {
-				n++
+			if t > start && t < end {
+				inside = append(inside, t)
 			}
 		}
 	}
-	return n
+	return len(inside) - 2, longestGap(inside)
 }
 
 // HotKey is scenario 3: g goroutines Lock one key, hold it for hold, and

@@ -209,20 +209,20 @@ func checkTargets(w io.Writer, ops map[string]map[string]benchmarks.OpResult, ho
 	return missed
 }
 
-// maxWaitShape says what fairlock's longest wait in c was made of, from
-// the two context columns: a call held up before it joined the queue (more
-// grants went by than a FIFO queue lets pass a queued call), or a stall of
-// the whole queue (the longest pause is most of the wait), or neither.
+// maxWaitShape says what fairlock's longest wait in c was made of: a call
+// held up before it joined the queue (more grants went by than a FIFO
+// queue lets pass a queued call), or a stall of the whole queue (no grant
+// anywhere for most of the wait), or neither.
 func maxWaitShape(c benchmarks.Contended) string {
 	longest := c.Quantile(1)
 	switch {
 	case c.GrantsInMaxWait > c.Goroutines-1:
 		return fmt.Sprintf("%s, held up before it joined the queue (%d grants went to others; a queued call lets at most %d pass)",
 			dur(longest), c.GrantsInMaxWait, c.Goroutines-1)
-	case c.LongestPause >= longest/2:
-		return fmt.Sprintf("%s, in the queue through a stall of the whole run (longest pause %s)", dur(longest), dur(c.LongestPause))
+	case c.PauseInMaxWait >= longest/2:
+		return fmt.Sprintf("%s, in the queue through a stall of the whole run (no grant anywhere for %s of it)", dur(longest), dur(c.PauseInMaxWait))
 	default:
-		return fmt.Sprintf("%s, in the queue (%d grants, longest pause %s)", dur(longest), c.GrantsInMaxWait, dur(c.LongestPause))
+		return fmt.Sprintf("%s, in the queue (%d grants; longest interval without one %s)", dur(longest), c.GrantsInMaxWait, dur(c.PauseInMaxWait))
 	}
 }
 

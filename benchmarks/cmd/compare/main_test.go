@@ -21,10 +21,10 @@ func TestMaxWaitShape(t *testing.T) {
 		want   string
 	}{
 		{32, 100 * time.Microsecond, "held up before it joined the queue (32 grants"},
-		{31, 2 * time.Millisecond, "in the queue through a stall of the whole run (longest pause 2.00ms)"},
-		{31, 100 * time.Microsecond, "in the queue (31 grants, longest pause 100.0µs)"},
+		{31, 2 * time.Millisecond, "in the queue through a stall of the whole run (no grant anywhere for 2.00ms of it)"},
+		{31, 100 * time.Microsecond, "in the queue (31 grants; longest interval without one 100.0µs)"},
 	} {
-		got := maxWaitShape(benchmarks.Contended{Goroutines: 32, Waits: waits, GrantsInMaxWait: c.grants, LongestPause: c.pause})
+		got := maxWaitShape(benchmarks.Contended{Goroutines: 32, Waits: waits, GrantsInMaxWait: c.grants, PauseInMaxWait: c.pause})
 		if !strings.HasPrefix(got, "3.00ms, ") || !strings.Contains(got, c.want) {
 			t.Errorf("maxWaitShape(%d grants, pause %v) = %q, want 3.00ms and %q", c.grants, c.pause, got, c.want)
 		}
