@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,56 @@ func TestMaxWaitShape(t *testing.T) {
 		got := maxWaitShape(benchmarks.Contended{Goroutines: 32, Waits: waits, GrantsInMaxWait: c.grants, PauseInMaxWait: c.pause})
 		if !strings.HasPrefix(got, "3.00ms, ") || !strings.Contains(got, c.want) {
 			t.Errorf("maxWaitShape(%d grants, pause %v) = %q, want 3.00ms and %q", c.grants, c.pause, got, c.want)
+		}
+	}
+}
+
+// TestPrintTargetRuns checks the summary of repeated runs: each run's
+// value, a star on a miss, the count of runs that met the bar and the
+// median over the runs.
+func TestPrintTargetRuns(t *testing.T) {
+	run := func(maxWait, jain float64) []target {
+		return []target{
+			{"hot key G=32: max wait ÷ moby/locker", maxWait, "<=", 0.25},
+			{"hot key G=32: Jain", jain, ">=", 0.99},
+		}
+	}
+	var b strings.Builder
+	printTargetRuns(&b, [][]target{run(0.13, 1), run(0.34, 1), run(0.12, 0.98), run(0.25, 1)})
+	lines := strings.Split(b.String(), "\n")
+	for _, c := range []struct{ prefix, want string }{
+		{"hot key G=32: max wait", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
+		{"hot key G=32: Jain", ">=  0.990  1.000  1.000  0.980*  1.000  3/4  1.000"},
+	} {
+		found := false
+		for _, l := range lines {
+			if strings.Contains(l, c.prefix) {
+				found = true
+				if got := strings.Join(strings.Fields(l[strings.Index(l, c.prefix)+len(c.prefix):]), "  "); !strings.HasSuffix(got, c.want) {
+					t.Errorf("row %q = %q, want it to end %q", c.prefix, got, c.want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no row for %q in\n%s", c.prefix, b.String())
+		}
+	}
+	if !strings.Contains(b.String(), "Targets over 4 runs") {
+		t.Errorf("no heading in\n%s", b.String())
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		xs   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := median(slices.Clone(c.xs)); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.xs, got, c.want)
 		}
 	}
 }
