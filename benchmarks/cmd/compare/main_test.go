@@ -81,3 +81,23 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// TestMissedIn checks that the scheduler hint follows a missed max-wait
+// target in any run, and nothing else.
+func TestMissedIn(t *testing.T) {
+	met := []target{{maxWaitTarget, 0.1, "<=", 0.25}, {"hot key G=32: Jain", 1, ">=", 0.99}}
+	otherMissed := []target{{maxWaitTarget, 0.1, "<=", 0.25}, {"hot key G=32: Jain", 0.9, ">=", 0.99}}
+	maxMissed := []target{{maxWaitTarget, 0.4, "<=", 0.25}, {"hot key G=32: Jain", 1, ">=", 0.99}}
+	for _, c := range []struct {
+		runs [][]target
+		want bool
+	}{
+		{[][]target{met, met}, false},
+		{[][]target{otherMissed}, false},
+		{[][]target{met, maxMissed}, true},
+	} {
+		if got := missedIn(c.runs, maxWaitTarget); got != c.want {
+			t.Errorf("missedIn(%v) = %v, want %v", c.runs, got, c.want)
+		}
+	}
+}
