@@ -520,7 +520,10 @@ func (g Guard[K]) release(report bool) bool {
 // wakes an idle processor). Yielding there too was measured
 // (docs/performance.md): 4% more hot-key throughput, but more
 // multi-millisecond stalls with 128 goroutines on the 2-core CI machine,
-// so it is not done.
+// so it is not done. Nor is a yield of the thread (sched_yield(2)): it
+// removed most 4 ms stalls on the idle CI machine, but beside CPU-bound
+// neighbours it gave them CPU time or took it from them depending on how
+// often it ran ("A kernel-level yield" in docs/performance.md).
 //
 // Cost with one processor: one runtime.Gosched per yieldEvery hand-offs, a
 // few hundred nanoseconds, and nothing to wake; with more, a read of
