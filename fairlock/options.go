@@ -32,9 +32,15 @@ func defaultConfig() config {
 // of its time spinning in it).
 func defaultShards() int { return ceilPow2(max(64, 8*runtime.GOMAXPROCS(0))) }
 
+// maxShards caps WithShards: 65536 shards of string keys take about 21 MB
+// before a key is locked, and more than that many keys in flight at once
+// spread over them with little contention.
+const maxShards = 1 << 16
+
+// ceilPow2 returns the least power of two at least n, at most maxShards.
 func ceilPow2(n int) int {
 	p := 1
-	for p < n {
+	for p < min(n, maxShards) {
 		p <<= 1
 	}
 	return p
@@ -47,11 +53,12 @@ func ceilPow2(n int) int {
 func WithName(name string) Option { return func(c *config) { c.name = name } }
 
 // WithShards sets the number of map shards a Locker spreads its keys over.
-// n is rounded up to a power of two; n < 1 means the default, eight shards
-// per GOMAXPROCS and at least 64. More shards cost memory (about 150 bytes
-// each) and make
-// Len, Snapshot and Close walk more; fewer make goroutines on unrelated
-// keys contend on the same shard mutex.
+// n is rounded up to a power of two, and capped at 65536; n < 1 means the
+// default, eight shards per GOMAXPROCS and at least 64. More shards cost
+// memory (328 bytes each for string keys on 64-bit platforms, allocated by
+// New, plus up to 16 recycled entries of about 80 bytes once keys have been
+// locked there) and make Len, Snapshot and Close walk more; fewer make
+// goroutines on unrelated keys contend on the same shard mutex.
 func WithShards(n int) Option {
 	return func(c *config) {
 		if n < 1 {

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 	"unsafe"
@@ -189,5 +190,39 @@ func TestMutexSideWaitsForClaim(t *testing.T) {
 func TestEntrySize(t *testing.T) {
 	if got := unsafe.Sizeof(entry[string]{}); got > 80 {
 		t.Fatalf("entry[string] is %d bytes, want at most 80", got)
+	}
+}
+
+// TestWithShardsRoundsUpAndCaps: WithShards rounds n up to a power of two
+// and caps it at maxShards, whatever n is. Before the cap, WithShards(1<<40)
+// made New panic in makeslice, and a count above 1<<62 made the rounding
+// loop overflow to zero and New spin forever.
+func TestWithShardsRoundsUpAndCaps(t *testing.T) {
+	for _, c := range []struct{ n, want int }{
+		{0, defaultShards()}, {-5, defaultShards()},
+		{1, 1}, {3, 4}, {64, 64}, {65, 128},
+		{maxShards, maxShards}, {maxShards + 1, maxShards},
+		{1 << 40, maxShards}, {1<<62 + 1, maxShards}, {math.MaxInt, maxShards},
+	} {
+		l := New[string](WithShards(c.n))
+		if got := len(l.shards); got != c.want {
+			t.Errorf("WithShards(%d): %d shards, want %d", c.n, got, c.want)
+		}
+		g, err := l.Lock(context.Background(), "k")
+		if err != nil {
+			t.Fatalf("WithShards(%d): Lock: %v", c.n, err)
+		}
+		g.Unlock()
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatalf("WithShards(%d): Close: %v", c.n, err)
+		}
+	}
+}
+
+// TestShardSize keeps WithShards' documented cost per shard true. The
+// comment gives the size on 64-bit platforms, so only they check it.
+func TestShardSize(t *testing.T) {
+	if got := unsafe.Sizeof(shard[string]{}); unsafe.Sizeof(uintptr(0)) == 8 && got != 328 {
+		t.Fatalf("shard[string] is %d bytes; WithShards' comment says 328", got)
 	}
 }
