@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -596,5 +597,74 @@ func TestManyLiveKeysInOneShard(t *testing.T) {
 				t.Fatalf("after unlocking %d keys: Locked(%d) = %v, Len = %d", i+1, k, l.Locked(k), l.Len())
 			}
 		}
+	}
+}
+
+// TestKeyNotEqualToItselfIsRefused: a NaN key, or a key holding one, is
+// refused with ErrInvalidKey by Lock, TryLock and LockMany, on the fast
+// path and under the shard mutex alike, and leaves nothing behind. Before
+// the check, Lock granted it and Unlock could not find it again: Len stayed
+// 1 and Close waited for it forever. Ordinary float keys still lock,
+// with +0 and -0 one key since they are equal.
+func TestKeyNotEqualToItselfIsRefused(t *testing.T) {
+	ctx := context.Background()
+	nan := math.NaN()
+	wantInvalid := func(t *testing.T, op string, err error) {
+		t.Helper()
+		var le *fairlock.LockError
+		if !errors.Is(err, fairlock.ErrInvalidKey) || !errors.As(err, &le) || le.Op != op {
+			t.Fatalf("%s = %v, want a *LockError for %s wrapping ErrInvalidKey", op, err, op)
+		}
+		if !strings.Contains(err.Error(), "NaN") {
+			t.Errorf("%s error %q does not name the key", op, err)
+		}
+	}
+
+	l := fairlock.New[float64](fairlock.WithShards(1))
+	_, err := l.Lock(ctx, nan) // idle shard: the fast path's check
+	wantInvalid(t, "Lock", err)
+	_, err = l.TryLock(ctx, nan)
+	wantInvalid(t, "TryLock", err)
+	held, err := l.Lock(ctx, 0.5) // busy shard: the mutex path's check
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lock(ctx, nan)
+	wantInvalid(t, "Lock", err)
+	_, err = l.TryLock(ctx, nan)
+	wantInvalid(t, "TryLock", err)
+	_, err = fairlock.LockMany(ctx, l, 1, nan, 2)
+	wantInvalid(t, "LockMany", err)
+	if got := l.Len(); got != 1 {
+		t.Fatalf("Len = %d after the refusals, want 1 (only 0.5)", got)
+	}
+	held.Unlock()
+
+	zero, err := l.Lock(ctx, 0.0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryLock(owner.NewContext(ctx), math.Copysign(0, -1)); !errors.Is(err, fairlock.ErrWouldBlock) {
+		t.Fatalf("TryLock(-0) while +0 is held = %v, want ErrWouldBlock: they are equal keys", err)
+	}
+	zero.Unlock()
+
+	type point struct{ X, Y float64 }
+	lp := fairlock.New[point]()
+	_, err = lp.Lock(ctx, point{1, nan})
+	wantInvalid(t, "Lock", err)
+	la := fairlock.New[any]()
+	_, err = la.Lock(ctx, any(nan))
+	wantInvalid(t, "Lock", err)
+
+	for name, n := range map[string]int{"float64": l.Len(), "struct": lp.Len(), "any": la.Len()} {
+		if n != 0 {
+			t.Errorf("%s Locker: Len = %d after everything was released or refused, want 0", name, n)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Close(cctx); err != nil {
+		t.Fatalf("Close: %v", err)
 	}
 }

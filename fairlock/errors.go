@@ -22,11 +22,16 @@ var (
 	// ErrDeadlock: with WithDeadlockDetection, waiting would have closed a
 	// cycle in the wait-for graph. The error is also a *DeadlockError.
 	ErrDeadlock = errors.New("fairlock: deadlock: waiting would close a wait-for cycle")
+	// ErrInvalidKey: the key is not equal to itself, because it is or
+	// holds a floating-point NaN. No call could ever find such a key again
+	// (Go maps treat NaN keys the same way), so its Unlock could not
+	// release it; Lock and TryLock refuse it at once instead.
+	ErrInvalidKey = errors.New("fairlock: invalid key: not equal to itself (a NaN)")
 )
 
 // LockError is the error Lock, TryLock and LockMany return. It names the
 // operation, the key and the owner, and unwraps to a sentinel (ErrReentrant,
-// ErrWouldBlock, ErrClosed, ErrDeadlock) or to the context's error
+// ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey) or to the context's error
 // (context.Canceled, context.DeadlineExceeded, or a cause set with
 // context.WithCancelCause).
 type LockError struct {
@@ -90,6 +95,8 @@ func resultOf(err error) Result {
 		return Closed
 	case errors.Is(err, ErrDeadlock):
 		return Deadlock
+	case errors.Is(err, ErrInvalidKey):
+		return InvalidKey
 	case errors.Is(err, context.DeadlineExceeded):
 		return DeadlineExceeded
 	default:

@@ -206,7 +206,9 @@ func (l *Locker[K]) now() time.Time {
 //   - ErrReentrant at once if the owner already holds key;
 //   - ErrClosed if the Locker is closed, or closes while Lock waits;
 //   - ErrDeadlock (also a *DeadlockError) with WithDeadlockDetection, at
-//     once, if waiting would close a wait-for cycle.
+//     once, if waiting would close a wait-for cycle;
+//   - ErrInvalidKey at once if key is not equal to itself (it is or holds
+//     a NaN).
 //
 // The returned error is a *LockError naming the key and owner. Lock
 // allocates nothing when it does not wait, and nothing beyond a recycled
@@ -223,9 +225,11 @@ func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
 
 // lockFast grants key if its shard is idle in fast mode: nothing held or
 // awaited on the shard. It reports false, having changed nothing, in every
-// other case, including a nil or done ctx. See the fast path in shard.go.
+// other case, including a nil or done ctx and a key not equal to itself (a
+// NaN; for a string key the test is a length and a pointer comparison).
+// See the fast path in shard.go.
 func (l *Locker[K]) lockFast(ctx context.Context, s *shard[K], key K) (Guard[K], bool) {
-	if ctx == nil || ctx.Err() != nil {
+	if ctx == nil || ctx.Err() != nil || key != key {
 		return Guard[K]{}, false
 	}
 	st := s.state.Load()
@@ -281,6 +285,10 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 		_, err = l.fail(ctx, op, key, 0, contextError(ctx), 0)
 		return err
 	}
+	if key != key {
+		_, err := l.fail(ctx, op, key, 0, ErrInvalidKey, 0)
+		return err
+	}
 	r.id, r.now = owner.Of(ctx), l.now()
 	if l.dbg != nil && l.dbg.stacks {
 		r.stack = captureStack()
@@ -294,8 +302,9 @@ func (l *Locker[K]) prepare(ctx context.Context, op string, key K, r *request[K]
 //
 // TryLock returns an error wrapping the context's error if ctx is already
 // done, ErrReentrant if the owner holds key, ErrWouldBlock if someone else
-// holds it or waits for it, and ErrClosed if the Locker is closed. It
-// allocates nothing on success.
+// holds it or waits for it, ErrClosed if the Locker is closed, and
+// ErrInvalidKey if key is not equal to itself (a NaN). It allocates nothing
+// on success.
 func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 	s, tag := l.shardOf(key)
 	if g, ok := l.lockFast(ctx, s, key); ok {

@@ -15,11 +15,13 @@ const (
 	WouldBlock                     // ErrWouldBlock from TryLock
 	Closed                         // ErrClosed
 	Deadlock                       // ErrDeadlock
+	InvalidKey                     // ErrInvalidKey
 	numResults
 )
 
 var resultNames = [numResults]string{
 	"acquired", "reentrant", "canceled", "deadline_exceeded", "would_block", "closed", "deadlock",
+	"invalid_key",
 }
 
 // String returns the result's metric attribute value, such as "acquired".

@@ -13,10 +13,10 @@
 //	fairlock.lock.waiters        Int64ObservableUpDownCounter {waiter}       fairlock.locker
 //
 // fairlock.result is one of acquired, reentrant, canceled,
-// deadline_exceeded, would_block, closed, deadlock. Keys are never
-// attributes: their cardinality is unbounded. Attribute sets are built once
-// per Locker and result, so recording allocates nothing per operation in
-// this package.
+// deadline_exceeded, would_block, closed, deadlock, invalid_key. Keys are
+// never attributes: their cardinality is unbounded. Attribute sets are
+// built once per Locker and result, so recording allocates nothing per
+// operation in this package.
 package otelmetrics
 
 import (

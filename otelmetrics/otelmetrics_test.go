@@ -3,6 +3,7 @@ package otelmetrics_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -202,6 +203,34 @@ func TestEveryResultCountedOnce(t *testing.T) {
 		if p.name == "fairlock.lock.held" {
 			t.Errorf("a closed Locker still reports gauges: %v", p)
 		}
+	}
+}
+
+// TestInvalidKeyCounted: a key refused with ErrInvalidKey is counted under
+// result invalid_key, with a zero wait, and not as canceled.
+func TestInvalidKeyCounted(t *testing.T) {
+	obs, reader := newObserver(t)
+	ctx := context.Background()
+	l := fairlock.New[float64](fairlock.WithName("floats"), fairlock.WithObserver(obs))
+	if _, err := l.Lock(ctx, math.NaN()); !errors.Is(err, fairlock.ErrInvalidKey) {
+		t.Fatalf("Lock(NaN) = %v, want ErrInvalidKey", err)
+	}
+	c := collect(t, reader)
+	got := map[string]int64{}
+	for p, v := range c.values {
+		if p.name == "fairlock.lock.acquisitions" && p.locker == "floats" {
+			got[p.result] = v
+		}
+	}
+	if diff := cmp.Diff(map[string]int64{"invalid_key": 1}, got); diff != "" {
+		t.Errorf("acquisitions by result (-want +got):\n%s", diff)
+	}
+	wait := point{"fairlock.lock.wait.duration", "floats", "invalid_key"}
+	if c.counts[wait] != 1 || c.sums[wait] != 0 {
+		t.Errorf("invalid_key wait histogram: count %d, sum %vs; want 1 and 0", c.counts[wait], c.sums[wait])
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
