@@ -30,10 +30,10 @@ var (
 )
 
 // LockError is the error Lock, TryLock and LockMany return. It names the
-// operation, the key and the owner, and unwraps to a sentinel (ErrReentrant,
-// ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey) or to the context's error
-// (context.Canceled, context.DeadlineExceeded, or a cause set with
-// context.WithCancelCause).
+// operation, the key and the owner, and unwraps to a sentinel
+// (ErrReentrant, ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey) or
+// to the context's error (context.Canceled, context.DeadlineExceeded, or a
+// cause set with context.WithCancelCause).
 type LockError struct {
 	Op    string   // "Lock", "TryLock" or "LockMany"
 	Key   any      // the key the call was for

@@ -33,8 +33,8 @@ func defaultConfig() config {
 func defaultShards() int { return ceilPow2(max(64, 8*runtime.GOMAXPROCS(0))) }
 
 // maxShards caps WithShards: 65536 shards of string keys take about 21 MB
-// before a key is locked, and more than that many keys in flight at once
-// spread over them with little contention.
+// before any key is locked, and already spread tens of thousands of keys in
+// flight at once with little contention.
 const maxShards = 1 << 16
 
 // ceilPow2 returns the least power of two at least n, at most maxShards.
