@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -98,6 +99,38 @@ func TestLockManyAllOrNothing(t *testing.T) {
 			t.Fatalf("Len = %d", cl.Len())
 		}
 	})
+}
+
+// TestLockManyNoKeys: with no keys LockMany takes nothing, and fails where
+// every Lock would, on a done context and on a closed Locker, so that an
+// empty key list never lets a cancelled caller go on as if granted.
+func TestLockManyNoKeys(t *testing.T) {
+	l := fairlock.New[string]()
+	ctx := context.Background()
+	m, err := fairlock.LockMany(ctx, l)
+	if err != nil || len(m.Keys()) != 0 || l.Len() != 0 {
+		t.Fatalf("LockMany() = %v, %v with Len %d; want nothing taken and no error", m.Keys(), err, l.Len())
+	}
+	m.Unlock()
+
+	cctx, cancel := context.WithCancelCause(ctx)
+	cause := errors.New("request gone")
+	cancel(cause)
+	_, err = fairlock.LockMany(cctx, l, []string{}...)
+	var le *fairlock.LockError
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) || !errors.As(err, &le) || le.Op != "LockMany" || le.Key != nil {
+		t.Fatalf("on a done context: err = %#v, want a LockMany *LockError with no key wrapping Canceled and its cause", err)
+	}
+	if want := "fairlock: LockMany (no keys) (goroutine#"; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("message %q, want it to start %q", err, want)
+	}
+
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fairlock.LockMany(ctx, l); !errors.Is(err, fairlock.ErrClosed) {
+		t.Fatalf("on a closed Locker: err = %v, want ErrClosed", err)
+	}
 }
 
 // TestLockManyOverlappingNeverHangs: many goroutines take overlapping,

@@ -36,7 +36,7 @@ var (
 // cause set with context.WithCancelCause).
 type LockError struct {
 	Op    string   // "Lock", "TryLock" or "LockMany"
-	Key   any      // the key the call was for
+	Key   any      // the key the call was for; nil for LockMany with no keys
 	Owner owner.ID // the caller's owner
 	Err   error    // the sentinel or context error
 }
@@ -48,7 +48,11 @@ func (e *LockError) Error() string {
 	b.WriteString("fairlock: ")
 	b.WriteString(e.Op)
 	b.WriteByte(' ')
-	b.WriteString(formatKey(e.Key))
+	if e.Key == nil && e.Op == "LockMany" { // LockMany's keys are never nil
+		b.WriteString("(no keys)")
+	} else {
+		b.WriteString(formatKey(e.Key))
+	}
 	if e.Owner != 0 {
 		b.WriteString(" (")
 		b.WriteString(e.Owner.String())

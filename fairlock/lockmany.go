@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+
+	"github.com/fairlock/fairlock/owner"
 )
 
 // MultiGuard holds the locks taken by one LockMany call. It is a value;
@@ -45,7 +47,17 @@ func (m MultiGuard[K]) Keys() []K {
 // naming the key that failed, and it wraps the same sentinel or context
 // error Lock returned. LockMany allocates the sorted key slice and the
 // MultiGuard's slice of guards.
+//
+// With no keys LockMany takes nothing, but it still fails where every Lock
+// would: on a done ctx (the context's error) and on a closed Locker
+// (ErrClosed), with a *LockError whose Key is nil. A caller whose key list
+// comes out empty thus never goes on under a cancelled context as if it
+// had been granted. This follows x/sync's semaphore, whose Acquire of 0
+// fails on a done context.
 func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (MultiGuard[K], error) {
+	if len(keys) == 0 {
+		return MultiGuard[K]{}, l.lockNone(ctx)
+	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
@@ -63,4 +75,27 @@ func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (Mult
 		m.guards = append(m.guards, g)
 	}
 	return m, nil
+}
+
+// lockNone is LockMany with no keys: nil, or the error each Lock would
+// return at once. A nil ctx panics, as in Lock.
+func (l *Locker[K]) lockNone(ctx context.Context) error {
+	if ctx == nil {
+		panic("fairlock: LockMany with a nil context")
+	}
+	err := ctx.Err()
+	if err != nil {
+		err = contextError(ctx)
+	} else {
+		s := &l.shards[0] // Close marks every shard, this one first
+		s.lock()
+		if s.closed {
+			err = ErrClosed
+		}
+		s.unlock()
+	}
+	if err == nil {
+		return nil
+	}
+	return &LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err}
 }
