@@ -83,19 +83,22 @@ func (l *Locker[K]) lockNone(ctx context.Context) error {
 	if ctx == nil {
 		panic("fairlock: LockMany with a nil context")
 	}
-	err := ctx.Err()
-	if err != nil {
+	var err error
+	if ctx.Err() != nil {
 		err = contextError(ctx)
+	} else if l.closed() {
+		err = ErrClosed
 	} else {
-		s := &l.shards[0] // Close marks every shard, this one first
-		s.lock()
-		if s.closed {
-			err = ErrClosed
-		}
-		s.unlock()
-	}
-	if err == nil {
 		return nil
 	}
 	return &LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err}
+}
+
+// closed reports whether Close has begun. Close marks every shard under
+// its mutex, the first one first.
+func (l *Locker[K]) closed() bool {
+	s := &l.shards[0]
+	s.lock()
+	defer s.unlock()
+	return s.closed
 }
