@@ -32,6 +32,18 @@ func TestMaxWaitShape(t *testing.T) {
 	}
 }
 
+// TestMedianOp checks that one slow round does not set an implementation's
+// per-operation cost, and that the rounds are left in the order taken.
+func TestMedianOp(t *testing.T) {
+	rounds := []benchmarks.OpResult{{NsPerOp: 61}, {NsPerOp: 88, AllocsPerOp: 1}, {NsPerOp: 55}}
+	if got, want := medianOp(rounds), (benchmarks.OpResult{NsPerOp: 61}); got != want {
+		t.Errorf("medianOp(61, 88, 55 ns) = %+v, want %+v", got, want)
+	}
+	if rounds[0].NsPerOp != 61 || rounds[1].NsPerOp != 88 || rounds[2].NsPerOp != 55 {
+		t.Errorf("medianOp reordered its argument: %+v", rounds)
+	}
+}
+
 // TestPrintTargetRuns checks the summary of repeated runs: each run's
 // value, a star on a miss, the count of runs that met the bar and the
 // median over the runs.
