@@ -128,8 +128,7 @@ func compare(w io.Writer, s settings) (ts []target, shape string, err error) {
 	fmt.Fprintf(w, "fairlock vs peers: %s, %s\n", machine(), sched)
 	fmt.Fprintf(w, "mode: %s; ratios are fairlock ÷ peer\n", map[bool]string{true: "-quick", false: "full"}[s.quick])
 
-	// 1 and 2: per-operation costs, each the median of opRounds
-	// measurements taken in turn across the implementations.
+	// 1 and 2: per-operation costs, the median of opRounds rounds.
 	rounds := map[string]map[string][]benchmarks.OpResult{"uncontended": {}, "parallel": {}}
 	for range opRounds {
 		for _, impl := range impls {
