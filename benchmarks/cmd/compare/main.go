@@ -68,19 +68,23 @@ func main() {
 	}
 	_ = flag.Set("test.benchtime", benchtime)
 	runs := make([][]target, 0, s.repeat)
+	var missedBy []waitShape // the shape of fairlock's longest wait in each run that missed the max-wait bar
 	for i := range s.repeat {
 		w := io.Writer(os.Stdout)
 		if i > 0 {
 			w = io.Discard // the tables of run 1 stand for the rest
 			s.noPlots = true
 		}
-		ts, shape, err := compare(w, s)
+		ts, longest, err := compare(w, s)
 		if err != nil {
 			log.Fatal(err)
 		}
 		runs = append(runs, ts)
+		if missed(ts, maxWaitTarget) {
+			missedBy = append(missedBy, longest.shape)
+		}
 		if i > 0 {
-			fmt.Printf("run %d of %d: %d target(s) missed; fairlock's longest G=32 wait: %s\n", i+1, s.repeat, countMissed(ts), shape)
+			fmt.Printf("run %d of %d: %d target(s) missed; fairlock's longest G=32 wait: %s\n", i+1, s.repeat, countMissed(ts), longest.text)
 		}
 	}
 	if s.repeat > 1 {
@@ -88,8 +92,9 @@ func main() {
 	} else if n := countMissed(runs[0]); n > 0 {
 		fmt.Printf("\n%d target(s) missed on this run (see docs/performance.md)\n", n)
 	}
-	if _, realtime := scheduler(); !realtime && missedIn(runs, maxWaitTarget) {
-		fmt.Println(schedulerHint)
+	_, realtime := scheduler()
+	for _, hint := range maxWaitHints(missedBy, realtime) {
+		fmt.Println(hint)
 	}
 }
 
@@ -111,17 +116,42 @@ func medianOp(rs []benchmarks.OpResult) benchmarks.OpResult {
 	return rs[len(rs)/2]
 }
 
-// schedulerHint follows a missed max-wait target when compare ran under a
-// time-sharing scheduling class.
+// schedulerHint follows a max-wait miss whose longest wait was held up
+// before it joined the queue, when compare ran under a time-sharing
+// scheduling class.
 const schedulerHint = `The max-wait bar was missed under a time-sharing scheduler, which can leave a runnable
 thread waiting up to a kernel tick for its CPU while another CPU idles; the hot-key maxima
 count that wait. The realtime class moves such a thread to the idle CPU: run compare under
 chrt -f 1 to measure without it ("The scheduling class" in docs/performance.md).`
 
+// stallHint follows a max-wait miss whose longest wait sat in the queue
+// through a stall of the whole run, under any scheduling class.
+const stallHint = `The max-wait bar was missed through a stall of the whole run: no goroutine got the lock
+while the holder's thread did not run. Under a time-sharing scheduler another thread can take
+its CPU (chrt -f 1 prevents that); on a virtual machine the host can stop the virtual CPU, which
+nothing inside the guest prevents (a loop that only reads the clock sees such stalls too; "A
+second host" in docs/performance.md). No lock shortens a stall of its holder.`
+
+// maxWaitHints returns what to print under the targets about the runs
+// that missed the max-wait bar, given the shape of fairlock's longest
+// wait in each (missedBy) and whether compare ran in the realtime class.
+// A wait that went on in the queue while grants went on gets no hint:
+// nothing outside the lock explains it.
+func maxWaitHints(missedBy []waitShape, realtime bool) []string {
+	var hints []string
+	if !realtime && slices.Contains(missedBy, heldUp) {
+		hints = append(hints, schedulerHint)
+	}
+	if slices.Contains(missedBy, stalled) {
+		hints = append(hints, stallHint)
+	}
+	return hints
+}
+
 // compare runs every scenario once, writes the tables, the targets and
 // the plots, and returns the targets with their values and what fairlock's
 // longest G=32 wait was made of.
-func compare(w io.Writer, s settings) (ts []target, shape string, err error) {
+func compare(w io.Writer, s settings) (ts []target, longest longestWait, err error) {
 	impls := benchmarks.Impls()
 	fair := impls[0]
 	sched, _ := scheduler()
@@ -215,24 +245,24 @@ func compare(w io.Writer, s settings) (ts []target, shape string, err error) {
 	fmt.Fprintln(w, "   (the other peers cannot give up a wait: no context)")
 
 	ts = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
-	shape = maxWaitShape(hot[32][fair.Name])
+	longest = maxWaitShape(hot[32][fair.Name])
 	printTargets(w, ts)
-	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", shape)
+	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", longest.text)
 	if !s.noPlots {
 		if err := os.MkdirAll(s.out, 0o755); err != nil {
-			return ts, shape, err
+			return ts, longest, err
 		}
 		cdf := filepath.Join(s.out, "hotkey-wait-cdf.png")
 		thr := filepath.Join(s.out, "hotkey-throughput.png")
 		if err := plotWaitCDF(cdf, impls, hot[32]); err != nil {
-			return ts, shape, err
+			return ts, longest, err
 		}
 		if err := plotThroughput(thr, impls, gs, hot); err != nil {
-			return ts, shape, err
+			return ts, longest, err
 		}
 		fmt.Fprintf(w, "\nplots: %s, %s\n", cdf, thr)
 	}
-	return ts, shape, nil
+	return ts, longest, nil
 }
 
 func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
@@ -302,13 +332,11 @@ func printTargets(w io.Writer, ts []target) {
 // scheduling stalls decide.
 const maxWaitTarget = "hot key G=32: max wait ÷ moby/locker"
 
-// missedIn reports whether the target named what was missed in any run.
-func missedIn(runs [][]target, what string) bool {
-	for _, ts := range runs {
-		for _, t := range ts {
-			if t.what == what && !t.met() {
-				return true
-			}
+// missed reports whether the target named what was missed in ts.
+func missed(ts []target, what string) bool {
+	for _, t := range ts {
+		if t.what == what && !t.met() {
+			return true
 		}
 	}
 	return false
@@ -367,20 +395,36 @@ func median(xs []float64) float64 {
 	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
+// waitShape is what fairlock's longest hot-key wait was made of.
+type waitShape int
+
+const (
+	queued  waitShape = iota // in the queue while grants went on
+	heldUp                   // held up before it joined the queue
+	stalled                  // in the queue through a stall of the whole run
+)
+
+// longestWait is fairlock's longest G=32 wait: its shape and a line that
+// gives its length and says what it was made of.
+type longestWait struct {
+	shape waitShape
+	text  string
+}
+
 // maxWaitShape says what fairlock's longest wait in c was made of: a call
 // held up before it joined the queue (more grants went by than a FIFO
 // queue lets pass a queued call), or a stall of the whole queue (no grant
 // anywhere for most of the wait), or neither.
-func maxWaitShape(c benchmarks.Contended) string {
+func maxWaitShape(c benchmarks.Contended) longestWait {
 	longest := c.Quantile(1)
 	switch {
 	case c.GrantsInMaxWait > c.Goroutines-1:
-		return fmt.Sprintf("%s, held up before it joined the queue (%d grants went to others; a queued call lets at most %d pass)",
-			dur(longest), c.GrantsInMaxWait, c.Goroutines-1)
+		return longestWait{heldUp, fmt.Sprintf("%s, held up before it joined the queue (%d grants went to others; a queued call lets at most %d pass)",
+			dur(longest), c.GrantsInMaxWait, c.Goroutines-1)}
 	case c.PauseInMaxWait >= longest/2:
-		return fmt.Sprintf("%s, in the queue through a stall of the whole run (no grant anywhere for %s of it)", dur(longest), dur(c.PauseInMaxWait))
+		return longestWait{stalled, fmt.Sprintf("%s, in the queue through a stall of the whole run (no grant anywhere for %s of it)", dur(longest), dur(c.PauseInMaxWait))}
 	default:
-		return fmt.Sprintf("%s, in the queue (%d grants; longest interval without one %s)", dur(longest), c.GrantsInMaxWait, dur(c.PauseInMaxWait))
+		return longestWait{queued, fmt.Sprintf("%s, in the queue (%d grants; longest interval without one %s)", dur(longest), c.GrantsInMaxWait, dur(c.PauseInMaxWait))}
 	}
 }
 

@@ -19,15 +19,16 @@ func TestMaxWaitShape(t *testing.T) {
 	for _, c := range []struct {
 		grants int
 		pause  time.Duration
+		shape  waitShape
 		want   string
 	}{
-		{32, 100 * time.Microsecond, "held up before it joined the queue (32 grants"},
-		{31, 2 * time.Millisecond, "in the queue through a stall of the whole run (no grant anywhere for 2.00ms of it)"},
-		{31, 100 * time.Microsecond, "in the queue (31 grants; longest interval without one 100.0µs)"},
+		{32, 100 * time.Microsecond, heldUp, "held up before it joined the queue (32 grants"},
+		{31, 2 * time.Millisecond, stalled, "in the queue through a stall of the whole run (no grant anywhere for 2.00ms of it)"},
+		{31, 100 * time.Microsecond, queued, "in the queue (31 grants; longest interval without one 100.0µs)"},
 	} {
 		got := maxWaitShape(benchmarks.Contended{Goroutines: 32, Waits: waits, GrantsInMaxWait: c.grants, PauseInMaxWait: c.pause})
-		if !strings.HasPrefix(got, "3.00ms, ") || !strings.Contains(got, c.want) {
-			t.Errorf("maxWaitShape(%d grants, pause %v) = %q, want 3.00ms and %q", c.grants, c.pause, got, c.want)
+		if got.shape != c.shape || !strings.HasPrefix(got.text, "3.00ms, ") || !strings.Contains(got.text, c.want) {
+			t.Errorf("maxWaitShape(%d grants, pause %v) = %+v, want shape %d, 3.00ms and %q", c.grants, c.pause, got, c.shape, c.want)
 		}
 	}
 }
@@ -94,22 +95,46 @@ func TestMedian(t *testing.T) {
 	}
 }
 
-// TestMissedIn checks that the scheduler hint follows a missed max-wait
-// target in any run, and nothing else.
-func TestMissedIn(t *testing.T) {
+// TestMissed checks that a run counts as missing the max-wait bar only
+// when that target, not another one, was missed.
+func TestMissed(t *testing.T) {
 	met := []target{{maxWaitTarget, 0.1, "<=", 0.25}, {"hot key G=32: Jain", 1, ">=", 0.99}}
 	otherMissed := []target{{maxWaitTarget, 0.1, "<=", 0.25}, {"hot key G=32: Jain", 0.9, ">=", 0.99}}
 	maxMissed := []target{{maxWaitTarget, 0.4, "<=", 0.25}, {"hot key G=32: Jain", 1, ">=", 0.99}}
 	for _, c := range []struct {
-		runs [][]target
+		ts   []target
 		want bool
 	}{
-		{[][]target{met, met}, false},
-		{[][]target{otherMissed}, false},
-		{[][]target{met, maxMissed}, true},
+		{met, false},
+		{otherMissed, false},
+		{maxMissed, true},
 	} {
-		if got := missedIn(c.runs, maxWaitTarget); got != c.want {
-			t.Errorf("missedIn(%v) = %v, want %v", c.runs, got, c.want)
+		if got := missed(c.ts, maxWaitTarget); got != c.want {
+			t.Errorf("missed(%v) = %v, want %v", c.ts, got, c.want)
+		}
+	}
+}
+
+// TestMaxWaitHints checks which explanation follows the max-wait misses:
+// the realtime class for a call held up before the queue (and only under
+// time-sharing), the whole-run stall for a stall under any class, and
+// nothing for a wait in the queue or for no miss.
+func TestMaxWaitHints(t *testing.T) {
+	for _, c := range []struct {
+		missedBy []waitShape
+		realtime bool
+		want     []string
+	}{
+		{nil, false, nil},
+		{[]waitShape{queued}, false, nil},
+		{[]waitShape{heldUp}, false, []string{schedulerHint}},
+		{[]waitShape{heldUp}, true, nil},
+		{[]waitShape{stalled}, false, []string{stallHint}},
+		{[]waitShape{stalled}, true, []string{stallHint}},
+		{[]waitShape{stalled, heldUp, stalled}, false, []string{schedulerHint, stallHint}},
+	} {
+		if got := maxWaitHints(c.missedBy, c.realtime); !slices.Equal(got, c.want) {
+			t.Errorf("maxWaitHints(%v, realtime %v) gave %d hints, want %d: %q", c.missedBy, c.realtime, len(got), len(c.want), got)
 		}
 	}
 }
