@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,69 +45,75 @@ func queueLockers(t *testing.T, ctx context.Context, l *fairlock.Locker[string],
 }
 
 func TestMutualExclusionAndFIFOHandOff(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	first, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 20
-	results := queueLockers(t, ctx, l, "k", n)
-	mustNotReceive(t, results, "a waiter ran while the key was held")
-
-	var order []int
-	g := first
-	for range n {
-		g.Unlock()
-		r := recv(t, results)
-		if r.err != nil {
-			t.Fatalf("waiter %d: %v", r.id, r.err)
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		first, err := l.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
 		}
-		mustNotReceive(t, results, "two holders at once")
-		order = append(order, r.id)
-		g = r.g
-	}
-	g.Unlock()
-	want := make([]int, n)
-	for i := range want {
-		want[i] = i
-	}
-	if diff := cmp.Diff(want, order); diff != "" {
-		t.Fatalf("grant order differs from arrival order (-want +got):\n%s", diff)
-	}
-	if l.Len() != 0 {
-		t.Fatalf("Len = %d after all unlocked", l.Len())
-	}
+		const n = 20
+		results := queueLockers(t, ctx, l, "k", n)
+		mustNotReceive(t, results, "a waiter ran while the key was held")
+
+		var order []int
+		g := first
+		for range n {
+			g.Unlock()
+			r := recv(t, results)
+			if r.err != nil {
+				t.Fatalf("waiter %d: %v", r.id, r.err)
+			}
+			mustNotReceive(t, results, "two holders at once")
+			order = append(order, r.id)
+			g = r.g
+		}
+		g.Unlock()
+		want := make([]int, n)
+		for i := range want {
+			want[i] = i
+		}
+		if diff := cmp.Diff(want, order); diff != "" {
+			t.Fatalf("grant order differs from arrival order (-want +got):\n%s", diff)
+		}
+		if l.Len() != 0 {
+			t.Fatalf("Len = %d after all unlocked", l.Len())
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: n + 1}, n+1)
+	})
 }
 
 // TestNoBarging: a TryLock or Lock arriving right after Unlock, before the
 // head waiter has run, must not take the key.
 func TestNoBarging(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	g, _ := l.Lock(ctx, "k")
-	results := queueLockers(t, ctx, l, "k", 1)
-	g.Unlock()
-	// The hand-off happened inside Unlock: the key is held by the waiter
-	// now, whether or not its goroutine has run yet.
-	if !l.Locked("k") {
-		t.Fatal("key free between Unlock and the head waiter running")
-	}
-	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
-		t.Fatalf("TryLock right after hand-off = %v, want ErrWouldBlock", err)
-	}
-	late := queueLockers(t, ctx, l, "k", 1)
-	r := recv(t, results)
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	mustNotReceive(t, late, "the late Lock overtook or joined the holder")
-	r.g.Unlock()
-	r = recv(t, late)
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	r.g.Unlock()
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		g, _ := l.Lock(ctx, "k")
+		results := queueLockers(t, ctx, l, "k", 1)
+		g.Unlock()
+		// The hand-off happened inside Unlock: the key is held by the waiter
+		// now, whether or not its goroutine has run yet.
+		if !l.Locked("k") {
+			t.Fatal("key free between Unlock and the head waiter running")
+		}
+		if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+			t.Fatalf("TryLock right after hand-off = %v, want ErrWouldBlock", err)
+		}
+		late := queueLockers(t, ctx, l, "k", 1)
+		r := recv(t, results)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		mustNotReceive(t, late, "the late Lock overtook or joined the holder")
+		r.g.Unlock()
+		r = recv(t, late)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		r.g.Unlock()
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 3, fairlock.WouldBlock: 1}, 3)
+	})
 }
 
 func TestTryLockBehindWaiters(t *testing.T) {
@@ -211,32 +218,35 @@ func TestContextAlreadyDoneFailsOnFreeKey(t *testing.T) {
 }
 
 func TestCancelledWaiterLeavesQueue(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	g, _ := l.Lock(ctx, "k")
-	first := queueLockers(t, ctx, l, "k", 1)
-	cctx, cancel := context.WithCancelCause(ctx)
-	victim := queueLockers(t, cctx, l, "k", 1)
-	last := queueLockers(t, ctx, l, "k", 1)
-	cause := errors.New("client went away")
-	cancel(cause)
-	r := recv(t, victim)
-	if !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, cause) {
-		t.Fatalf("cancelled waiter got %v, want context.Canceled and its cause", r.err)
-	}
-	waitWaiters(t, l, "k", 2)
-	g.Unlock()
-	r = recv(t, first)
-	mustNotReceive(t, last, "FIFO broken after a cancellation")
-	r.g.Unlock()
-	r = recv(t, last)
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	r.g.Unlock()
-	if l.Len() != 0 {
-		t.Fatalf("Len = %d after cancellations", l.Len())
-	}
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		g, _ := l.Lock(ctx, "k")
+		first := queueLockers(t, ctx, l, "k", 1)
+		cctx, cancel := context.WithCancelCause(ctx)
+		victim := queueLockers(t, cctx, l, "k", 1)
+		last := queueLockers(t, ctx, l, "k", 1)
+		cause := errors.New("client went away")
+		cancel(cause)
+		r := recv(t, victim)
+		if !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, cause) {
+			t.Fatalf("cancelled waiter got %v, want context.Canceled and its cause", r.err)
+		}
+		waitWaiters(t, l, "k", 2)
+		g.Unlock()
+		r = recv(t, first)
+		mustNotReceive(t, last, "FIFO broken after a cancellation")
+		r.g.Unlock()
+		r = recv(t, last)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		r.g.Unlock()
+		if l.Len() != 0 {
+			t.Fatalf("Len = %d after cancellations", l.Len())
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 3, fairlock.Canceled: 1}, 3)
+	})
 }
 
 func TestWaitTimeout(t *testing.T) {
@@ -266,121 +276,133 @@ func TestWaitTimeout(t *testing.T) {
 // wake-ups on this path (golang/go#37852); this is our regression test for
 // the same race, synchronised by polling Waiters, not by sleeping.
 func TestCancelGrantRace(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	granted, refused := 0, 0
-	for range 500 {
-		g, _ := l.Lock(ctx, "k")
-		cctx, cancel := context.WithCancel(ctx)
-		racer := queueLockers(t, cctx, l, "k", 1)
-		next := queueLockers(t, ctx, l, "k", 1)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); g.Unlock() }()
-		go func() { defer wg.Done(); cancel() }()
-		wg.Wait()
-		r := recv(t, racer)
-		switch {
-		case r.err == nil:
-			granted++
-			if !l.Locked("k") {
-				t.Fatal("racer got a nil error but the key is free")
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		granted, refused := 0, 0
+		const rounds = 500
+		for range rounds {
+			g, _ := l.Lock(ctx, "k")
+			cctx, cancel := context.WithCancel(ctx)
+			racer := queueLockers(t, cctx, l, "k", 1)
+			next := queueLockers(t, ctx, l, "k", 1)
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); g.Unlock() }()
+			go func() { defer wg.Done(); cancel() }()
+			wg.Wait()
+			r := recv(t, racer)
+			switch {
+			case r.err == nil:
+				granted++
+				if !l.Locked("k") {
+					t.Fatal("racer got a nil error but the key is free")
+				}
+				mustNotReceive(t, next, "next waiter ran while racer holds")
+				r.g.Unlock()
+			case errors.Is(r.err, context.Canceled):
+				refused++
+				if r.g != (fairlock.Guard[string]{}) {
+					t.Fatal("racer got an error and a non-zero Guard")
+				}
+			default:
+				t.Fatalf("racer: unexpected error %v", r.err)
 			}
-			mustNotReceive(t, next, "next waiter ran while racer holds")
-			r.g.Unlock()
-		case errors.Is(r.err, context.Canceled):
-			refused++
-			if r.g != (fairlock.Guard[string]{}) {
-				t.Fatal("racer got an error and a non-zero Guard")
+			n := recv(t, next) // never lost: the grant passes on
+			if n.err != nil {
+				t.Fatal(n.err)
 			}
-		default:
-			t.Fatalf("racer: unexpected error %v", r.err)
+			n.g.Unlock()
+			if l.Len() != 0 {
+				t.Fatalf("Len = %d after a round", l.Len())
+			}
 		}
-		n := recv(t, next) // never lost: the grant passes on
-		if n.err != nil {
-			t.Fatal(n.err)
-		}
-		n.g.Unlock()
-		if l.Len() != 0 {
-			t.Fatalf("Len = %d after a round", l.Len())
-		}
-	}
-	t.Logf("racer granted %d times, cancelled %d times", granted, refused)
+		t.Logf("racer granted %d times, cancelled %d times", granted, refused)
+		// A grant the racer gave back unused is reported as its cancellation,
+		// and its release is not reported.
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 2*rounds + granted, fairlock.Canceled: refused}, 2*rounds+granted)
+	})
 }
 
 func TestUnlockIsIdempotentAndStaleSafe(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	g, _ := l.Lock(ctx, "k")
-	copied := g
-	g.Unlock()
-	g.Unlock() // double
-	h, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	copied.Unlock() // a stale copy must not release h's grant
-	g.Unlock()
-	if !l.Locked("k") {
-		t.Fatal("a stale Unlock released a later grant")
-	}
-	// Any goroutine may unlock.
-	done := make(chan struct{})
-	go func() { h.Unlock(); close(done) }()
-	recv(t, done)
-	if l.Locked("k") {
-		t.Fatal("Unlock from another goroutine did not release")
-	}
-	var zero fairlock.Guard[string]
-	zero.Unlock()
-	if zero.Key() != "" || h.Key() != "k" {
-		t.Fatalf("Key() = %q / %q", zero.Key(), h.Key())
-	}
-	if l.Len() != 0 {
-		t.Fatalf("Len = %d", l.Len())
-	}
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		g, _ := l.Lock(ctx, "k")
+		copied := g
+		g.Unlock()
+		g.Unlock() // double
+		h, err := l.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied.Unlock() // a stale copy must not release h's grant
+		g.Unlock()
+		if !l.Locked("k") {
+			t.Fatal("a stale Unlock released a later grant")
+		}
+		// Any goroutine may unlock.
+		done := make(chan struct{})
+		go func() { h.Unlock(); close(done) }()
+		recv(t, done)
+		if l.Locked("k") {
+			t.Fatal("Unlock from another goroutine did not release")
+		}
+		var zero fairlock.Guard[string]
+		zero.Unlock()
+		if zero.Key() != "" || h.Key() != "k" {
+			t.Fatalf("Key() = %q / %q", zero.Key(), h.Key())
+		}
+		if l.Len() != 0 {
+			t.Fatalf("Len = %d", l.Len())
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 2}, 2) // stale Unlocks report nothing
+	})
 }
 
 func TestClose(t *testing.T) {
-	ctx := context.Background()
-	l := fairlock.New[string]()
-	g, _ := l.Lock(ctx, "k")
-	waiters := queueLockers(t, ctx, l, "k", 3)
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[string](t, c)
+		g, _ := l.Lock(ctx, "k")
+		waiters := queueLockers(t, ctx, l, "k", 3)
 
-	// Close waits for the holder: with a short ctx it reports the held key.
-	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	defer cancel()
-	err := l.Close(short)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 keys still held") {
-		t.Fatalf("Close while held = %v, want DeadlineExceeded naming 1 held key", err)
-	}
-	for range 3 {
-		if r := recv(t, waiters); !errors.Is(r.err, fairlock.ErrClosed) {
-			t.Fatalf("queued waiter got %v, want ErrClosed", r.err)
+		// Close waits for the holder: with a short ctx it reports the held key.
+		short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		defer cancel()
+		err := l.Close(short)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 keys still held") {
+			t.Fatalf("Close while held = %v, want DeadlineExceeded naming 1 held key", err)
 		}
-	}
-	if _, err := l.Lock(ctx, "other"); !errors.Is(err, fairlock.ErrClosed) {
-		t.Fatalf("Lock after Close = %v", err)
-	}
-	if _, err := l.TryLock(ctx, "other"); !errors.Is(err, fairlock.ErrClosed) {
-		t.Fatalf("TryLock after Close = %v", err)
-	}
-	if _, err := l.Lock(owner.NewContext(ctx), "k"); !errors.Is(err, fairlock.ErrClosed) {
-		t.Fatalf("Lock of a held key after Close = %v", err)
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- l.Close(ctx) }() // a second Close waits too
-	mustNotReceive(t, closed, "Close returned while a key was held")
-	g.Unlock()
-	if err := recv(t, closed); err != nil {
-		t.Fatalf("Close after the last Unlock = %v", err)
-	}
-	if err := l.Close(ctx); err != nil {
-		t.Fatalf("third Close = %v", err)
-	}
-	if l.Len() != 0 {
-		t.Fatalf("Len = %d after Close", l.Len())
-	}
+		for range 3 {
+			if r := recv(t, waiters); !errors.Is(r.err, fairlock.ErrClosed) {
+				t.Fatalf("queued waiter got %v, want ErrClosed", r.err)
+			}
+		}
+		if _, err := l.Lock(ctx, "other"); !errors.Is(err, fairlock.ErrClosed) {
+			t.Fatalf("Lock after Close = %v", err)
+		}
+		if _, err := l.TryLock(ctx, "other"); !errors.Is(err, fairlock.ErrClosed) {
+			t.Fatalf("TryLock after Close = %v", err)
+		}
+		if _, err := l.Lock(owner.NewContext(ctx), "k"); !errors.Is(err, fairlock.ErrClosed) {
+			t.Fatalf("Lock of a held key after Close = %v", err)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close(ctx) }() // a second Close waits too
+		mustNotReceive(t, closed, "Close returned while a key was held")
+		g.Unlock()
+		if err := recv(t, closed); err != nil {
+			t.Fatalf("Close after the last Unlock = %v", err)
+		}
+		if err := l.Close(ctx); err != nil {
+			t.Fatalf("third Close = %v", err)
+		}
+		if l.Len() != 0 {
+			t.Fatalf("Len = %d after Close", l.Len())
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 1, fairlock.Closed: 6}, 1)
+	})
 }
 
 func TestErrorsNameTheKey(t *testing.T) {
@@ -423,16 +445,20 @@ func TestNilContextPanics(t *testing.T) {
 // one shard every key shares the fast path's state word, so grants keep
 // passing between the lock-free path and the shard mutex.
 func TestMutualExclusionUnderLoad(t *testing.T) {
-	for _, shards := range []int{1, 64} {
-		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
-			hammer(t, fairlock.New[int](fairlock.WithShards(shards)))
-		})
-	}
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		for _, shards := range []int{1, 64} {
+			t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+				hammer(t, c, shards)
+			})
+		}
+	})
 }
 
-func hammer(t *testing.T, l *fairlock.Locker[int]) {
+func hammer(t *testing.T, c lockerConfig, shards int) {
+	l, o := newLocker[int](t, c, fairlock.WithShards(shards))
 	const keys, workers, rounds = 3, 16, 300
 	var counts [keys]int // plain ints: guarded only by the fairlock
+	var refused atomic.Int64
 	var inside [keys]int
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -461,6 +487,7 @@ func hammer(t *testing.T, l *fairlock.Locker[int]) {
 				}
 				g, err := lock(ctx, k)
 				if errors.Is(err, fairlock.ErrWouldBlock) {
+					refused.Add(1)
 					continue
 				}
 				if err != nil {
@@ -490,6 +517,7 @@ func hammer(t *testing.T, l *fairlock.Locker[int]) {
 	if l.Len() != 0 {
 		t.Fatalf("Len = %d", l.Len())
 	}
+	checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: total, fairlock.WouldBlock: int(refused.Load())}, total)
 }
 
 // TestStaleGuardAcrossModes: a Guard from an earlier grant never releases
