@@ -72,7 +72,7 @@ var lockerConfigs = []lockerConfig{
 	{"debug", func(*tally) []fairlock.Option {
 		// The watchdog then walks the shards every millisecond,
 		// concurrently with the test, and warns about every holder.
-		return []fairlock.Option{fairlock.WithStacks(), fairlock.WithLongHeld(time.Microsecond), quiet()}
+		return []fairlock.Option{fairlock.WithDebug(), fairlock.WithStacks(), fairlock.WithLongHeld(time.Microsecond), quiet()}
 	}},
 	{"observer", func(o *tally) []fairlock.Option { return []fairlock.Option{fairlock.WithObserver(o)} }},
 	{"deadlock-detection", func(*tally) []fairlock.Option { return []fairlock.Option{fairlock.WithDeadlockDetection()} }},
