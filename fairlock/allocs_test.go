@@ -4,9 +4,11 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/owner"
 )
 
 // TestUncontendedAllocatesNothing holds the promise of DESIGN.md's Cost
@@ -40,5 +42,26 @@ func TestUncontendedAllocatesNothing(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("%s: uncontended Lock/TryLock/Unlock allocates %v times per run, want 0", name, allocs)
 		}
+	}
+}
+
+// TestRefusedTryLockAllocatesOnlyItsError holds TryLock's documented cost
+// of a refusal: the *LockError and the key boxed in it, nothing more.
+func TestRefusedTryLockAllocatesOnlyItsError(t *testing.T) {
+	ctx := context.Background()
+	l := fairlock.New[string]()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Unlock()
+	other := owner.NewContext(ctx)
+	allocs := testing.AllocsPerRun(10000, func() {
+		if _, err := l.TryLock(other, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+			t.Fatalf("TryLock of a held key = %v, want ErrWouldBlock", err)
+		}
+	})
+	if allocs > 2 {
+		t.Errorf("a refused TryLock allocates %v times, want at most 2 (its *LockError and the boxed key)", allocs)
 	}
 }
