@@ -98,17 +98,24 @@ func newLocker[K comparable](t testing.TB, c lockerConfig, extra ...fairlock.Opt
 		if err := l.Close(ctx); err != nil {
 			t.Errorf("Close at the end of the test: %v", err)
 		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.registered && o.unregistered != 1 {
+			t.Errorf("the observer was unregistered %d times after Close, want once", o.unregistered)
+		}
 	})
 	return l, o
 }
 
 // tally is a fairlock.Observer for tests: it counts the results reported
-// to it and the releases.
+// to it and the releases, and whether the Locker registered and
+// unregistered.
 type tally struct {
-	mu         sync.Mutex
-	registered bool
-	results    map[fairlock.Result]int
-	releases   int
+	mu           sync.Mutex
+	registered   bool
+	unregistered int
+	results      map[fairlock.Result]int
+	releases     int
 }
 
 func (o *tally) Register(string, func() fairlock.Stats) fairlock.LockerObserver {
@@ -133,7 +140,11 @@ func (o *tally) Release(time.Duration) {
 	o.releases++
 }
 
-func (o *tally) Unregister() {}
+func (o *tally) Unregister() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.unregistered++
+}
 
 // counts returns a copy of the results and the number of releases, and
 // whether any Locker reports to o at all.
