@@ -6,6 +6,7 @@ require (
 	github.com/containerd/containerd v1.7.30
 	github.com/fairlock/fairlock v0.0.0
 	github.com/moby/locker v1.0.1
+	github.com/prometheus/procfs v0.19.2
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.48.0
 	gonum.org/v1/plot v0.17.0

@@ -18,7 +18,9 @@
 // makes n whole runs one after another, prints the first in full and one
 // line for each of the others, and ends with every target's value in each
 // run: how often a bar is met tells a thin margin from a real miss, which
-// one run cannot.
+// one run cannot. Under the targets of every run it prints the host's
+// steal time (on Linux): how long the hypervisor kept this machine's
+// virtual CPUs from running, over the run and over its G=32 hot-key runs.
 package main
 
 import (
@@ -68,6 +70,8 @@ func main() {
 	}
 	_ = flag.Set("test.benchtime", benchtime)
 	runs := make([][]target, 0, s.repeat)
+	steals := make([]hostSteal, 0, s.repeat)
+	clock := newStealClock()
 	var missedBy []waitShape // the shape of fairlock's longest wait in each run that missed the max-wait bar
 	for i := range s.repeat {
 		w := io.Writer(os.Stdout)
@@ -75,20 +79,21 @@ func main() {
 			w = io.Discard // the tables of run 1 stand for the rest
 			s.noPlots = true
 		}
-		ts, longest, err := compare(w, s)
+		ts, longest, steal, err := compare(w, s, clock)
 		if err != nil {
 			log.Fatal(err)
 		}
 		runs = append(runs, ts)
+		steals = append(steals, steal)
 		if missed(ts, maxWaitTarget) {
 			missedBy = append(missedBy, longest.shape)
 		}
 		if i > 0 {
-			fmt.Printf("run %d of %d: %d target(s) missed; fairlock's longest G=32 wait: %s\n", i+1, s.repeat, countMissed(ts), longest.text)
+			fmt.Printf("run %d of %d: %d target(s) missed; %s; fairlock's longest G=32 wait: %s\n", i+1, s.repeat, countMissed(ts), steal, longest.text)
 		}
 	}
 	if s.repeat > 1 {
-		printTargetRuns(os.Stdout, runs) // its stars mark the misses
+		printTargetRuns(os.Stdout, runs, steals) // its stars mark the misses
 	} else if n := countMissed(runs[0]); n > 0 {
 		fmt.Printf("\n%d target(s) missed on this run (see docs/performance.md)\n", n)
 	}
@@ -149,9 +154,10 @@ func maxWaitHints(missedBy []waitShape, realtime bool) []string {
 }
 
 // compare runs every scenario once, writes the tables, the targets and
-// the plots, and returns the targets with their values and what fairlock's
-// longest G=32 wait was made of.
-func compare(w io.Writer, s settings) (ts []target, longest longestWait, err error) {
+// the plots, and returns the targets with their values, what fairlock's
+// longest G=32 wait was made of, and the host's steal time over the run.
+func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest longestWait, steal hostSteal, err error) {
+	run := clock.start()
 	impls := benchmarks.Impls()
 	fair := impls[0]
 	sched, _ := scheduler()
@@ -195,8 +201,12 @@ func compare(w io.Writer, s settings) (ts []target, longest longestWait, err err
 	gs := []int{8, 32, 128}
 	for _, g := range gs {
 		hot[g] = map[string]benchmarks.Contended{}
+		span := clock.start()
 		for _, impl := range impls {
 			hot[g][impl.Name] = benchmarks.HotKey(impl, g, s.hold, s.run)
+		}
+		if g == 32 {
+			steal.hot32, steal.ok = span.stop()
 		}
 		contendedTable(w, fmt.Sprintf("3. Hot key, G=%d goroutines, %v critical section", g, s.hold), impls, hot[g])
 	}
@@ -246,23 +256,27 @@ func compare(w io.Writer, s settings) (ts []target, longest longestWait, err err
 
 	ts = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
 	longest = maxWaitShape(hot[32][fair.Name])
+	var runOK bool
+	steal.run, runOK = run.stop()
+	steal.ok = steal.ok && runOK
 	printTargets(w, ts)
 	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", longest.text)
+	fmt.Fprintf(w, "  %s\n", steal)
 	if !s.noPlots {
 		if err := os.MkdirAll(s.out, 0o755); err != nil {
-			return ts, longest, err
+			return ts, longest, steal, err
 		}
 		cdf := filepath.Join(s.out, "hotkey-wait-cdf.png")
 		thr := filepath.Join(s.out, "hotkey-throughput.png")
 		if err := plotWaitCDF(cdf, impls, hot[32]); err != nil {
-			return ts, longest, err
+			return ts, longest, steal, err
 		}
 		if err := plotThroughput(thr, impls, gs, hot); err != nil {
-			return ts, longest, err
+			return ts, longest, steal, err
 		}
 		fmt.Fprintf(w, "\nplots: %s, %s\n", cdf, thr)
 	}
-	return ts, longest, nil
+	return ts, longest, steal, nil
 }
 
 func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
@@ -353,9 +367,11 @@ func countMissed(ts []target) int {
 }
 
 // printTargetRuns prints, for each target, its value in every run (a
-// missed one starred), the runs that met it and the median over the runs.
-// runs holds each run's targets in the same order.
-func printTargetRuns(w io.Writer, runs [][]target) {
+// missed one starred), the runs that met it and the median over the runs,
+// and then the host's steal time in each run, if it was read in all.
+// runs holds each run's targets in the same order; steals, each run's
+// steal time.
+func printTargetRuns(w io.Writer, runs [][]target, steals []hostSteal) {
 	fmt.Fprintf(w, "\nTargets over %d runs (* missed)\n", len(runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := []any{"target", "bar"}
@@ -380,6 +396,23 @@ func printTargetRuns(w io.Writer, runs [][]target) {
 		}
 		cells = append(cells, fmt.Sprintf("%d/%d", met, len(runs)), fmt.Sprintf("%.3f", median(vals)))
 		row(tw, cells...)
+	}
+	if len(steals) == len(runs) && !slices.ContainsFunc(steals, func(h hostSteal) bool { return !h.ok }) {
+		for _, span := range []struct {
+			what string
+			of   func(hostSteal) time.Duration
+		}{
+			{"host steal time over the run (s)", func(h hostSteal) time.Duration { return h.run }},
+			{"host steal time in G=32 hot-key runs (s)", func(h hostSteal) time.Duration { return h.hot32 }},
+		} {
+			cells := []any{span.what, ""}
+			vals := make([]float64, len(steals))
+			for i, h := range steals {
+				vals[i] = span.of(h).Seconds()
+				cells = append(cells, fmt.Sprintf("%.2f", vals[i]))
+			}
+			row(tw, append(cells, "", fmt.Sprintf("%.2f", median(vals)))...)
+		}
 	}
 	tw.Flush()
 }

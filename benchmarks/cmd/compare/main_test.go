@@ -56,11 +56,16 @@ func TestPrintTargetRuns(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	printTargetRuns(&b, [][]target{run(0.13, 1), run(0.34, 1), run(0.12, 0.98), run(0.25, 1)})
+	steal := func(run, hot32 time.Duration) hostSteal { return hostSteal{run, hot32, true} }
+	printTargetRuns(&b, [][]target{run(0.13, 1), run(0.34, 1), run(0.12, 0.98), run(0.25, 1)},
+		[]hostSteal{steal(150*time.Millisecond, 20*time.Millisecond), steal(2*time.Second, 900*time.Millisecond),
+			steal(0, 0), steal(310*time.Millisecond, 40*time.Millisecond)})
 	lines := strings.Split(b.String(), "\n")
 	for _, c := range []struct{ prefix, want string }{
 		{"hot key G=32: max wait", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
 		{"hot key G=32: Jain", ">=  0.990  1.000  1.000  0.980*  1.000  3/4  1.000"},
+		{"host steal time over the run (s)", "0.15  2.00  0.00  0.31  0.23"},
+		{"host steal time in G=32 hot-key runs (s)", "0.02  0.90  0.00  0.04  0.03"},
 	} {
 		found := false
 		for _, l := range lines {
