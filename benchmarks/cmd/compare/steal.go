@@ -9,10 +9,10 @@ import (
 // Steal time is how long the hypervisor ran something else while this
 // machine's virtual CPUs had work to do: the steal column of /proc/stat,
 // summed over the CPUs (0 on bare metal). Nothing else inside the guest
-// sees a stopped virtual CPU, and on a small virtual machine it decides
-// the hot-key bars as much as the lock does ("A second host" in
-// docs/performance.md). compare prints it with every run so that a reader
-// can tell a run the host disturbed from one it did not.
+// sees a stopped virtual CPU. compare prints it with every run so that a
+// series shows how much the host disturbed it; it counts how long, not
+// when, so it does not tell which run a stall decided ("A second host" in
+// docs/performance.md).
 
 // stealClock reads the machine's total steal time. Its zero value reads
 // nothing (not Linux, or no /proc).
