@@ -18,9 +18,13 @@
 // makes n whole runs one after another, prints the first in full and one
 // line for each of the others, and ends with every target's value in each
 // run: how often a bar is met tells a thin margin from a real miss, which
-// one run cannot. Under the targets of every run it prints the host's
-// steal time (on Linux): how long the hypervisor kept this machine's
-// virtual CPUs from running, over the run and over its G=32 hot-key runs.
+// one run cannot. Run i takes the implementations in the order of Impls
+// rotated by i (see runOrder), so that no implementation always takes the
+// same place; the tables keep one order. Under the targets of every run it
+// prints the host's steal time (on Linux): how long the hypervisor kept
+// this machine's virtual CPUs from running, over the run and over its
+// G=32 hot-key runs. The summary of a series adds each run's G=32
+// throughput of fairlock and the peers of its throughput bars.
 package main
 
 import (
@@ -69,8 +73,7 @@ func main() {
 		benchtime = "50ms"
 	}
 	_ = flag.Set("test.benchtime", benchtime)
-	runs := make([][]target, 0, s.repeat)
-	steals := make([]hostSteal, 0, s.repeat)
+	runs := make([]runResult, 0, s.repeat)
 	clock := newStealClock()
 	var missedBy []waitShape // the shape of fairlock's longest wait in each run that missed the max-wait bar
 	for i := range s.repeat {
@@ -79,22 +82,22 @@ func main() {
 			w = io.Discard // the tables of run 1 stand for the rest
 			s.noPlots = true
 		}
-		ts, longest, steal, err := compare(w, s, clock)
+		r, err := compare(w, s, i, clock)
 		if err != nil {
 			log.Fatal(err)
 		}
-		runs = append(runs, ts)
-		steals = append(steals, steal)
-		if missed(ts, maxWaitTarget) {
-			missedBy = append(missedBy, longest.shape)
+		runs = append(runs, r)
+		if missed(r.targets, maxWaitTarget) {
+			missedBy = append(missedBy, r.longest.shape)
 		}
 		if i > 0 {
-			fmt.Printf("run %d of %d: %d target(s) missed; %s; fairlock's longest G=32 wait: %s\n", i+1, s.repeat, countMissed(ts), steal, longest.text)
+			fmt.Printf("run %d of %d (%s first): %d target(s) missed; %s; fairlock's longest G=32 wait: %s\n",
+				i+1, s.repeat, runOrder(benchmarks.Impls(), i)[0].Name, countMissed(r.targets), r.steal, r.longest.text)
 		}
 	}
 	if s.repeat > 1 {
-		printTargetRuns(os.Stdout, runs, steals) // its stars mark the misses
-	} else if n := countMissed(runs[0]); n > 0 {
+		printTargetRuns(os.Stdout, runs) // its stars mark the misses
+	} else if n := countMissed(runs[0].targets); n > 0 {
 		fmt.Printf("\n%d target(s) missed on this run (see docs/performance.md)\n", n)
 	}
 	_, realtime := scheduler()
@@ -153,21 +156,44 @@ func maxWaitHints(missedBy []waitShape, realtime bool) []string {
 	return hints
 }
 
-// compare runs every scenario once, writes the tables, the targets and
-// the plots, and returns the targets with their values, what fairlock's
-// longest G=32 wait was made of, and the host's steal time over the run.
-func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest longestWait, steal hostSteal, err error) {
-	run := clock.start()
+// runOrder returns impls rotated left by run: the order in which run
+// number run (from 0) measures them. Over as many runs as there are
+// implementations each one takes each place once, so an effect of the
+// place (running first in a scenario, straight after the previous
+// scenario's garbage was collected, or last, after the others have warmed
+// the machine) falls on every implementation alike over a series. The
+// order round the cycle stays: each implementation follows the same peer
+// whenever it is not first.
+func runOrder(impls []benchmarks.Impl, run int) []benchmarks.Impl {
+	k := run % len(impls)
+	return append(slices.Clone(impls[k:]), impls[:k]...)
+}
+
+// runResult is what the summary of a series needs from one run.
+type runResult struct {
+	targets []target
+	longest longestWait        // fairlock's longest G=32 wait
+	steal   hostSteal          // over the run and its G=32 hot-key runs
+	hot32   map[string]float64 // G=32 hot-key ops/s by implementation
+}
+
+// compare runs every scenario once, taking the implementations in
+// runOrder for run number run (from 0), writes the tables, the targets and
+// the plots, and returns what the summary of a series needs.
+func compare(w io.Writer, s settings, run int, clock stealClock) (r runResult, err error) {
+	whole := clock.start()
 	impls := benchmarks.Impls()
 	fair := impls[0]
+	order := runOrder(impls, run)
 	sched, _ := scheduler()
 	fmt.Fprintf(w, "fairlock vs peers: %s, %s\n", machine(), sched)
-	fmt.Fprintf(w, "mode: %s; ratios are fairlock ÷ peer\n", map[bool]string{true: "-quick", false: "full"}[s.quick])
+	fmt.Fprintf(w, "mode: %s; ratios are fairlock ÷ peer; implementations run in the order %s\n",
+		map[bool]string{true: "-quick", false: "full"}[s.quick], names(order))
 
 	// 1 and 2: per-operation costs, the median of opRounds rounds.
 	rounds := map[string]map[string][]benchmarks.OpResult{"uncontended": {}, "parallel": {}}
 	for range opRounds {
-		for _, impl := range impls {
+		for _, impl := range order {
 			rounds["uncontended"][impl.Name] = append(rounds["uncontended"][impl.Name], benchmarks.Uncontended(impl))
 			if !impl.SingleKey {
 				rounds["parallel"][impl.Name] = append(rounds["parallel"][impl.Name], benchmarks.ParallelDistinct(impl))
@@ -202,18 +228,18 @@ func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest lo
 	for _, g := range gs {
 		hot[g] = map[string]benchmarks.Contended{}
 		span := clock.start()
-		for _, impl := range impls {
+		for _, impl := range order {
 			hot[g][impl.Name] = benchmarks.HotKey(impl, g, s.hold, s.run)
 		}
 		if g == 32 {
-			steal.hot32, steal.ok = span.stop()
+			r.steal.hot32, r.steal.ok = span.stop()
 		}
 		contendedTable(w, fmt.Sprintf("3. Hot key, G=%d goroutines, %v critical section", g, s.hold), impls, hot[g])
 	}
 
 	// 4: Zipf.
 	zipf := map[string]benchmarks.Contended{}
-	for _, impl := range impls {
+	for _, impl := range order {
 		if !impl.SingleKey {
 			zipf[impl.Name] = benchmarks.Zipf(impl, 64, 100_000, 1.1, time.Microsecond, s.run)
 		}
@@ -224,13 +250,15 @@ func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest lo
 	tw := table(w, fmt.Sprintf("5. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
 		"impl", "B/key", "allocs/key", "heap at peak", "heap retained after", "entries after")
 	churn := map[string]benchmarks.ChurnResult{}
-	for _, impl := range impls {
-		if !impl.Unbounded {
-			continue
+	for _, impl := range order {
+		if impl.Unbounded {
+			churn[impl.Name] = benchmarks.Churn(impl, s.churn)
 		}
-		c := benchmarks.Churn(impl, s.churn)
-		churn[impl.Name] = c
-		row(tw, impl.Name, fmt.Sprintf("%.0f", c.BytesPerKey), fmt.Sprintf("%.2f", c.AllocsPerKey), mib(c.PeakHeap), mib(c.Retained), c.Entries)
+	}
+	for _, impl := range impls {
+		if c, ok := churn[impl.Name]; ok {
+			row(tw, impl.Name, fmt.Sprintf("%.0f", c.BytesPerKey), fmt.Sprintf("%.2f", c.AllocsPerKey), mib(c.PeakHeap), mib(c.Retained), c.Entries)
+		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "   (k8s/keymutex keeps a fixed array of mutexes and deadlocks a goroutine holding two colliding keys; sync.Mutex is one key)")
@@ -239,7 +267,7 @@ func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest lo
 	tw = table(w, "6. Cancellation storm: 32 goroutines on a hot key, random timeouts up to 50µs, 2µs critical section",
 		"impl", "grants/s", "give-ups", "p99 wait", "entries left", "fairlock ÷ peer (grants/s)")
 	storm := map[string]benchmarks.Contended{}
-	for _, impl := range impls {
+	for _, impl := range order {
 		if impl.Cancellable {
 			storm[impl.Name] = benchmarks.CancelStorm(impl, 32, s.hold, 50*time.Microsecond, s.run)
 		}
@@ -254,29 +282,42 @@ func compare(w io.Writer, s settings, clock stealClock) (ts []target, longest lo
 	tw.Flush()
 	fmt.Fprintln(w, "   (the other peers cannot give up a wait: no context)")
 
-	ts = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
-	longest = maxWaitShape(hot[32][fair.Name])
+	r.targets = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
+	r.longest = maxWaitShape(hot[32][fair.Name])
+	r.hot32 = map[string]float64{}
+	for name, c := range hot[32] {
+		r.hot32[name] = c.Throughput()
+	}
 	var runOK bool
-	steal.run, runOK = run.stop()
-	steal.ok = steal.ok && runOK
-	printTargets(w, ts)
-	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", longest.text)
-	fmt.Fprintf(w, "  %s\n", steal)
+	r.steal.run, runOK = whole.stop()
+	r.steal.ok = r.steal.ok && runOK
+	printTargets(w, r.targets)
+	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", r.longest.text)
+	fmt.Fprintf(w, "  %s\n", r.steal)
 	if !s.noPlots {
 		if err := os.MkdirAll(s.out, 0o755); err != nil {
-			return ts, longest, steal, err
+			return r, err
 		}
 		cdf := filepath.Join(s.out, "hotkey-wait-cdf.png")
 		thr := filepath.Join(s.out, "hotkey-throughput.png")
 		if err := plotWaitCDF(cdf, impls, hot[32]); err != nil {
-			return ts, longest, steal, err
+			return r, err
 		}
 		if err := plotThroughput(thr, impls, gs, hot); err != nil {
-			return ts, longest, steal, err
+			return r, err
 		}
 		fmt.Fprintf(w, "\nplots: %s, %s\n", cdf, thr)
 	}
-	return ts, longest, steal, nil
+	return r, nil
+}
+
+// names lists the implementations' names, comma-separated.
+func names(impls []benchmarks.Impl) string {
+	ns := make([]string, len(impls))
+	for i, impl := range impls {
+		ns[i] = impl.Name
+	}
+	return strings.Join(ns, ", ")
 }
 
 func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
@@ -366,12 +407,18 @@ func countMissed(ts []target) int {
 	return n
 }
 
+// hot32Rows are the implementations whose G=32 hot-key throughput the
+// summary of a series prints: fairlock and the two peers of its
+// throughput bars. A ratio that misses its bar may be fairlock's dip or
+// the peer's rise; the throughputs tell which.
+var hot32Rows = []string{"fairlock", "moby/locker", "containerd/kmutex"}
+
 // printTargetRuns prints, for each target, its value in every run (a
-// missed one starred), the runs that met it and the median over the runs,
-// and then the host's steal time in each run, if it was read in all.
-// runs holds each run's targets in the same order; steals, each run's
-// steal time.
-func printTargetRuns(w io.Writer, runs [][]target, steals []hostSteal) {
+// missed one starred), the runs that met it and the median over the runs;
+// then the G=32 hot-key throughput of hot32Rows in each run; and then the
+// host's steal time in each run, if it was read in all. Each run holds
+// its targets in the same order.
+func printTargetRuns(w io.Writer, runs []runResult) {
 	fmt.Fprintf(w, "\nTargets over %d runs (* missed)\n", len(runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := []any{"target", "bar"}
@@ -379,12 +426,12 @@ func printTargetRuns(w io.Writer, runs [][]target, steals []hostSteal) {
 		head = append(head, fmt.Sprint(i+1))
 	}
 	row(tw, append(head, "met", "median")...)
-	for j, t := range runs[0] {
+	for j, t := range runs[0].targets {
 		cells := []any{t.what, t.bar()}
 		vals := make([]float64, len(runs))
 		met := 0
-		for i, ts := range runs {
-			v := ts[j]
+		for i, r := range runs {
+			v := r.targets[j]
 			vals[i] = v.got
 			cell := fmt.Sprintf("%.3f", v.got)
 			if v.met() {
@@ -397,22 +444,22 @@ func printTargetRuns(w io.Writer, runs [][]target, steals []hostSteal) {
 		cells = append(cells, fmt.Sprintf("%d/%d", met, len(runs)), fmt.Sprintf("%.3f", median(vals)))
 		row(tw, cells...)
 	}
-	if len(steals) == len(runs) && !slices.ContainsFunc(steals, func(h hostSteal) bool { return !h.ok }) {
-		for _, span := range []struct {
-			what string
-			of   func(hostSteal) time.Duration
-		}{
-			{"host steal time over the run (s)", func(h hostSteal) time.Duration { return h.run }},
-			{"host steal time in G=32 hot-key runs (s)", func(h hostSteal) time.Duration { return h.hot32 }},
-		} {
-			cells := []any{span.what, ""}
-			vals := make([]float64, len(steals))
-			for i, h := range steals {
-				vals[i] = span.of(h).Seconds()
-				cells = append(cells, fmt.Sprintf("%.2f", vals[i]))
-			}
-			row(tw, append(cells, "", fmt.Sprintf("%.2f", median(vals)))...)
+	// info prints a row of values without a bar, with their median.
+	info := func(what, format string, of func(runResult) float64) {
+		cells := []any{what, ""}
+		vals := make([]float64, len(runs))
+		for i, r := range runs {
+			vals[i] = of(r)
+			cells = append(cells, fmt.Sprintf(format, vals[i]))
 		}
+		row(tw, append(cells, "", fmt.Sprintf(format, median(vals)))...)
+	}
+	for _, name := range hot32Rows {
+		info("hot key G=32: "+name+" ops/s (thousands)", "%.1f", func(r runResult) float64 { return r.hot32[name] / 1000 })
+	}
+	if !slices.ContainsFunc(runs, func(r runResult) bool { return !r.steal.ok }) {
+		info("host steal time over the run (s)", "%.2f", func(r runResult) float64 { return r.steal.run.Seconds() })
+		info("host steal time in G=32 hot-key runs (s)", "%.2f", func(r runResult) float64 { return r.steal.hot32.Seconds() })
 	}
 	tw.Flush()
 }

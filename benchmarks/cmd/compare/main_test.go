@@ -47,23 +47,32 @@ func TestMedianOp(t *testing.T) {
 
 // TestPrintTargetRuns checks the summary of repeated runs: each run's
 // value, a star on a miss, the count of runs that met the bar and the
-// median over the runs.
+// median over the runs; then each run's G=32 throughputs and steal time.
 func TestPrintTargetRuns(t *testing.T) {
-	run := func(maxWait, jain float64) []target {
-		return []target{
-			{"hot key G=32: max wait ÷ moby/locker", maxWait, "<=", 0.25},
-			{"hot key G=32: Jain", jain, ">=", 0.99},
+	run := func(maxWait, jain, fairOps float64, stealRun, stealHot time.Duration) runResult {
+		return runResult{
+			targets: []target{
+				{"hot key G=32: max wait ÷ moby/locker", maxWait, "<=", 0.25},
+				{"hot key G=32: Jain", jain, ">=", 0.99},
+			},
+			steal: hostSteal{stealRun, stealHot, true},
+			hot32: map[string]float64{"fairlock": fairOps, "moby/locker": 351_680, "containerd/kmutex": 254_527, "sync.Mutex": 369_429},
 		}
 	}
 	var b strings.Builder
-	steal := func(run, hot32 time.Duration) hostSteal { return hostSteal{run, hot32, true} }
-	printTargetRuns(&b, [][]target{run(0.13, 1), run(0.34, 1), run(0.12, 0.98), run(0.25, 1)},
-		[]hostSteal{steal(150*time.Millisecond, 20*time.Millisecond), steal(2*time.Second, 900*time.Millisecond),
-			steal(0, 0), steal(310*time.Millisecond, 40*time.Millisecond)})
+	printTargetRuns(&b, []runResult{
+		run(0.13, 1, 263_566, 150*time.Millisecond, 20*time.Millisecond),
+		run(0.34, 1, 240_000, 2*time.Second, 900*time.Millisecond),
+		run(0.12, 0.98, 251_049, 0, 0),
+		run(0.25, 1, 270_100, 310*time.Millisecond, 40*time.Millisecond),
+	})
 	lines := strings.Split(b.String(), "\n")
 	for _, c := range []struct{ prefix, want string }{
 		{"hot key G=32: max wait", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
 		{"hot key G=32: Jain", ">=  0.990  1.000  1.000  0.980*  1.000  3/4  1.000"},
+		{"hot key G=32: fairlock ops/s (thousands)", "263.6  240.0  251.0  270.1  257.3"},
+		{"hot key G=32: moby/locker ops/s (thousands)", "351.7  351.7  351.7  351.7  351.7"},
+		{"hot key G=32: containerd/kmutex ops/s (thousands)", "254.5  254.5  254.5  254.5  254.5"},
 		{"host steal time over the run (s)", "0.15  2.00  0.00  0.31  0.23"},
 		{"host steal time in G=32 hot-key runs (s)", "0.02  0.90  0.00  0.04  0.03"},
 	} {
@@ -82,6 +91,29 @@ func TestPrintTargetRuns(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "Targets over 4 runs") {
 		t.Errorf("no heading in\n%s", b.String())
+	}
+	if strings.Contains(b.String(), "sync.Mutex") {
+		t.Errorf("the summary shows sync.Mutex's throughput, which no bar compares with:\n%s", b.String())
+	}
+}
+
+// TestPrintTargetRunsWithoutSteal checks that the steal rows are left out
+// when a run could not read the steal time, not printed as zeros.
+func TestPrintTargetRunsWithoutSteal(t *testing.T) {
+	runs := []runResult{
+		{targets: []target{{"hot key G=32: Jain", 1, ">=", 0.99}}, steal: hostSteal{time.Second, 0, true}},
+		{targets: []target{{"hot key G=32: Jain", 1, ">=", 0.99}}, steal: hostSteal{}},
+	}
+	var b strings.Builder
+	printTargetRuns(&b, runs)
+	if strings.Contains(b.String(), "steal") {
+		t.Errorf("steal rows printed though run 2 did not read it:\n%s", b.String())
+	}
+	runs[1].steal = hostSteal{0, 0, true}
+	b.Reset()
+	printTargetRuns(&b, runs)
+	if !strings.Contains(b.String(), "host steal time over the run (s)") {
+		t.Errorf("no steal rows though every run read it:\n%s", b.String())
 	}
 }
 
@@ -141,5 +173,43 @@ func TestMaxWaitHints(t *testing.T) {
 		if got := maxWaitHints(c.missedBy, c.realtime); !slices.Equal(got, c.want) {
 			t.Errorf("maxWaitHints(%v, realtime %v) gave %d hints, want %d: %q", c.missedBy, c.realtime, len(got), len(c.want), got)
 		}
+	}
+}
+
+// TestRunOrder checks that a series of as many runs as there are
+// implementations puts each implementation in each place once, that every
+// run measures all of them, and that the first run keeps Impls' order.
+func TestRunOrder(t *testing.T) {
+	impls := benchmarks.Impls()
+	n := len(impls)
+	if got := names(runOrder(impls, 0)); got != names(impls) {
+		t.Errorf("run 0 order = %s, want Impls' order %s", got, names(impls))
+	}
+	places := map[string]map[int]bool{}
+	for run := range n {
+		order := runOrder(impls, run)
+		if len(order) != n {
+			t.Fatalf("run %d measures %d implementations, want %d", run, len(order), n)
+		}
+		for place, impl := range order {
+			if places[impl.Name] == nil {
+				places[impl.Name] = map[int]bool{}
+			}
+			if places[impl.Name][place] {
+				t.Errorf("%s takes place %d twice in %d runs", impl.Name, place, n)
+			}
+			places[impl.Name][place] = true
+		}
+	}
+	for _, impl := range impls {
+		if len(places[impl.Name]) != n {
+			t.Errorf("%s took %d of the %d places over %d runs", impl.Name, len(places[impl.Name]), n, n)
+		}
+	}
+	if got, want := runOrder(impls, n+1)[0].Name, impls[1].Name; got != want {
+		t.Errorf("run %d starts with %s, want %s (the rotation repeats)", n+1, got, want)
+	}
+	if impls[0].Name != "fairlock" {
+		t.Errorf("runOrder rotated Impls' own slice: it now starts with %s", impls[0].Name)
 	}
 }
