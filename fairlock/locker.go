@@ -62,6 +62,7 @@ type Locker[K comparable] struct {
 	doubleUnlocks atomic.Int64 // Unlocks of a Guard already unlocked
 
 	closeOnce sync.Once
+	closing   atomic.Bool   // Close has begun: set before it marks any shard
 	draining  atomic.Int64  // after Close: shards with live keys, +1 while Close walks them
 	drained   chan struct{} // closed when draining reaches 0
 }
@@ -650,6 +651,7 @@ func (l *Locker[K]) Close(ctx context.Context) error {
 }
 
 func (l *Locker[K]) close() {
+	l.closing.Store(true)
 	l.draining.Store(1) // Close's own count, dropped after the walk
 	var woken []*waiter
 	for i := range l.shards {

@@ -86,19 +86,10 @@ func (l *Locker[K]) lockNone(ctx context.Context) error {
 	var err error
 	if ctx.Err() != nil {
 		err = contextError(ctx)
-	} else if l.closed() {
+	} else if l.closing.Load() {
 		err = ErrClosed
 	} else {
 		return nil
 	}
 	return &LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err}
-}
-
-// closed reports whether Close has begun. Close marks every shard under
-// its mutex, the first one first.
-func (l *Locker[K]) closed() bool {
-	s := &l.shards[0]
-	s.lock()
-	defer s.unlock()
-	return s.closed
 }

@@ -146,6 +146,32 @@ func TestSlowModeForGood(t *testing.T) {
 	}
 }
 
+// TestLockManyNoKeysLeavesFastGrant: a LockMany of no keys asks only
+// whether Close has begun, so it leaves a fast grant on shard 0 in fast
+// mode instead of inflating it as a look under the shard mutex would; once
+// Close has begun it fails with ErrClosed.
+func TestLockManyNoKeysLeavesFastGrant(t *testing.T) {
+	ctx := context.Background()
+	l := New[string](WithShards(1))
+	s := &l.shards[0]
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMode(t, s, "fast-held", "Lock(k)")
+	if _, err := LockMany(ctx, l); err != nil {
+		t.Fatalf("LockMany with no keys on an open Locker: %v", err)
+	}
+	wantMode(t, s, "fast-held", "LockMany with no keys")
+	g.Unlock()
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LockMany(ctx, l); !errors.Is(err, ErrClosed) {
+		t.Fatalf("LockMany with no keys after Close: %v, want ErrClosed", err)
+	}
+}
+
 // TestMutexSideWaitsForClaim: a mutex-side operation that finds a fast
 // claim between its CAS and its publishing Store waits for the Store, then
 // sees the claim's key and owner. The claim is staged by hand.
