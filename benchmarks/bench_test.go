@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.uber.org/goleak"
 )
 
@@ -114,6 +116,34 @@ func TestInsideLongestWait(t *testing.T) {
 }
 
 // TestLongestGap checks the pause measure on known grant times.
+// TestAfterWarmUp: a goroutine's Locks granted before the warm-up ends
+// are dropped with their waits, one granted at its end or later is kept.
+func TestAfterWarmUp(t *testing.T) {
+	ms := time.Millisecond
+	waits := []time.Duration{1 * ms, 2 * ms, 3 * ms, 4 * ms}
+	grants := []time.Duration{5 * ms, 10 * ms, 10 * ms, 15 * ms}
+	for _, c := range []struct {
+		warm       time.Duration
+		wantWaits  []time.Duration
+		wantGrants []time.Duration
+	}{
+		{0, waits, grants},
+		{5 * ms, waits, grants},
+		{6 * ms, waits[1:], grants[1:]},
+		{10 * ms, waits[1:], grants[1:]},
+		{11 * ms, waits[3:], grants[3:]},
+		{16 * ms, nil, nil},
+	} {
+		w, g := afterWarmUp(waits, grants, c.warm)
+		if diff := cmp.Diff(c.wantWaits, w, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("warm-up %v: waits (-want +got):\n%s", c.warm, diff)
+		}
+		if diff := cmp.Diff(c.wantGrants, g, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("warm-up %v: grants (-want +got):\n%s", c.warm, diff)
+		}
+	}
+}
+
 func TestLongestGap(t *testing.T) {
 	for _, c := range []struct {
 		ts   []time.Duration

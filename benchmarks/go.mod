@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/containerd/containerd v1.7.30
 	github.com/fairlock/fairlock v0.0.0
+	github.com/google/go-cmp v0.7.0
 	github.com/moby/locker v1.0.1
 	github.com/prometheus/procfs v0.19.2
 	go.uber.org/goleak v1.3.0

@@ -51,6 +51,7 @@ func TestMedianOp(t *testing.T) {
 func TestPrintTargetRuns(t *testing.T) {
 	run := func(maxWait, jain, fairOps float64, stealRun, stealHot time.Duration) runResult {
 		return runResult{
+			p99Ratio: maxWait / 4,
 			targets: []target{
 				{"hot key G=32: max wait ÷ moby/locker", maxWait, "<=", 0.25},
 				{"hot key G=32: Jain", jain, ">=", 0.99},
@@ -70,6 +71,7 @@ func TestPrintTargetRuns(t *testing.T) {
 	for _, c := range []struct{ prefix, want string }{
 		{"hot key G=32: max wait", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
 		{"hot key G=32: Jain", ">=  0.990  1.000  1.000  0.980*  1.000  3/4  1.000"},
+		{"hot key G=32: p99 wait ÷ moby/locker (no bar)", "0.033  0.085  0.030  0.062  0.048"},
 		{"hot key G=32: fairlock ops/s (thousands)", "263.6  240.0  251.0  270.1  257.3"},
 		{"hot key G=32: moby/locker ops/s (thousands)", "351.7  351.7  351.7  351.7  351.7"},
 		{"hot key G=32: containerd/kmutex ops/s (thousands)", "254.5  254.5  254.5  254.5  254.5"},
