@@ -24,8 +24,13 @@
 // same place; the tables keep one order. Under the targets of every run it
 // prints the host's steal time (on Linux): how long the hypervisor kept
 // this machine's virtual CPUs from running, over the run and over its
-// G=32 hot-key runs. The summary of a series adds each run's G=32
-// throughput of fairlock and the peers of its throughput bars.
+// G=32 hot-key runs, and the longest stall of a thread that only read the
+// clock for as long as a hot-key run, straight after the G=32 runs
+// (hoststall.go), beside the longest wait the max-wait bar allowed
+// fairlock: a machine that stops its threads for longer than that can
+// fail the bar whatever the lock does. The summary of a series adds each
+// run's G=32 throughput of fairlock and the peers of its throughput bars,
+// and fairlock's longest wait, its allowance and the probe's stall.
 package main
 
 import (
@@ -92,8 +97,8 @@ func main() {
 			missedBy = append(missedBy, r.longest.shape)
 		}
 		if i > 0 {
-			fmt.Printf("run %d of %d (%s first): %d target(s) missed; %s; fairlock's longest G=32 wait: %s\n",
-				i+1, s.repeat, runOrder(benchmarks.Impls(), i)[0].Name, countMissed(r.targets), r.steal, r.longest.text)
+			fmt.Printf("run %d of %d (%s first): %d target(s) missed; %s; fairlock's longest G=32 wait: %s; clock-only stall %s\n",
+				i+1, s.repeat, runOrder(benchmarks.Impls(), i)[0].Name, countMissed(r.targets), r.steal, r.longest.text, dur(r.clockStall))
 		}
 	}
 	if s.repeat > 1 {
@@ -105,6 +110,32 @@ func main() {
 	for _, hint := range maxWaitHints(missedBy, realtime) {
 		fmt.Println(hint)
 	}
+	if hint := hostStallHint(runs); hint != "" {
+		fmt.Println(hint)
+	}
+}
+
+// hostStallHint returns what to print when, in runs that missed the
+// max-wait bar, the clock-only probe stalled for longer than the bar
+// allowed fairlock to wait: on such a machine the bar can be missed
+// whatever the lock does. It returns "" when no such run was seen.
+func hostStallHint(runs []runResult) string {
+	missedRuns, over := 0, 0
+	for _, r := range runs {
+		if missed(r.targets, maxWaitTarget) {
+			missedRuns++
+			if r.clockStall > r.allowed {
+				over++
+			}
+		}
+	}
+	if over == 0 {
+		return ""
+	}
+	return fmt.Sprintf(`In %d of the %d run(s) that missed the max-wait bar, a thread that only read the clock, with
+no lock in play, stalled for longer than the bar allowed fairlock to wait: this machine stops
+its threads for longer than the bar, and a stall that lands on the holder or on a caller counts
+in a wait whatever the lock does ("A third host" in docs/performance.md).`, over, missedRuns)
 }
 
 // opRounds is how many times compare measures each implementation's
@@ -176,6 +207,14 @@ type runResult struct {
 	longest longestWait        // fairlock's longest G=32 wait
 	steal   hostSteal          // over the run and its G=32 hot-key runs
 	hot32   map[string]float64 // G=32 hot-key ops/s by implementation
+	// maxWait is fairlock's longest G=32 wait, and allowed the longest
+	// the max-wait bar lets it be in this run (the bar times
+	// moby/locker's longest).
+	maxWait, allowed time.Duration
+	// clockStall is the longest stall of a thread that only read the
+	// clock, over as long as one hot-key run straight after the G=32
+	// runs (hoststall.go).
+	clockStall time.Duration
 	// p99Ratio is fairlock's G=32 p99 wait ÷ moby/locker's: no bar of
 	// issue #6, printed so that a series shows how the max-wait bar would
 	// read on the tail without its single longest wait, which a stall of
@@ -239,6 +278,7 @@ func compare(w io.Writer, s settings, run int, clock stealClock) (r runResult, e
 		}
 		if g == 32 {
 			r.steal.hot32, r.steal.ok = span.stop()
+			r.clockStall = clockStall(s.run, runtime.GOMAXPROCS(0), time.Now)
 		}
 		contendedTable(w, fmt.Sprintf("3. Hot key, G=%d goroutines, %v critical section", g, s.hold), impls, hot[g])
 	}
@@ -290,6 +330,8 @@ func compare(w io.Writer, s settings, run int, clock stealClock) (r runResult, e
 
 	r.targets = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
 	r.longest = maxWaitShape(hot[32][fair.Name])
+	r.maxWait = hot[32][fair.Name].Quantile(1)
+	r.allowed = time.Duration(maxWaitBound(r.targets) * float64(hot[32]["moby/locker"].Quantile(1)))
 	r.p99Ratio = float64(hot[32][fair.Name].Quantile(0.99)) / float64(hot[32]["moby/locker"].Quantile(0.99))
 	r.hot32 = map[string]float64{}
 	for name, c := range hot[32] {
@@ -300,6 +342,7 @@ func compare(w io.Writer, s settings, run int, clock stealClock) (r runResult, e
 	r.steal.ok = r.steal.ok && runOK
 	printTargets(w, r.targets)
 	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", r.longest.text)
+	fmt.Fprintf(w, "  %s\n", r.hostStallLine(s.run))
 	fmt.Fprintf(w, "  %s\n", r.steal)
 	if !s.noPlots {
 		if err := os.MkdirAll(s.out, 0o755); err != nil {
@@ -394,6 +437,23 @@ func printTargets(w io.Writer, ts []target) {
 // scheduling stalls decide.
 const maxWaitTarget = "hot key G=32: max wait ÷ moby/locker"
 
+// maxWaitBound returns the bound of the max-wait target in ts.
+func maxWaitBound(ts []target) float64 {
+	for _, t := range ts {
+		if t.what == maxWaitTarget {
+			return t.bound
+		}
+	}
+	panic("compare: no " + maxWaitTarget + " target")
+}
+
+// hostStallLine sets the longest stall of the clock-only probe, which ran
+// for d, beside the longest wait the max-wait bar allowed fairlock.
+func (r runResult) hostStallLine(d time.Duration) string {
+	return fmt.Sprintf("a thread that only read the clock stalled for up to %s in %v after the G=32 runs; the max-wait bar allowed fairlock %s, and it waited %s at most",
+		dur(r.clockStall), d, dur(r.allowed), dur(r.maxWait))
+}
+
 // missed reports whether the target named what was missed in ts.
 func missed(ts []target, what string) bool {
 	for _, t := range ts {
@@ -422,8 +482,10 @@ var hot32Rows = []string{"fairlock", "moby/locker", "containerd/kmutex"}
 
 // printTargetRuns prints, for each target, its value in every run (a
 // missed one starred), the runs that met it and the median over the runs;
-// then fairlock's G=32 p99 wait ÷ moby/locker's and the G=32 hot-key
-// throughput of hot32Rows in each run; and then the
+// then fairlock's G=32 p99 wait ÷ moby/locker's, its longest G=32 wait,
+// the longest the max-wait bar allowed and the clock-only probe's longest
+// stall, and the G=32 hot-key throughput of hot32Rows in each run; and
+// then the
 // host's steal time in each run, if it was read in all. Each run holds
 // its targets in the same order.
 func printTargetRuns(w io.Writer, runs []runResult) {
@@ -463,6 +525,10 @@ func printTargetRuns(w io.Writer, runs []runResult) {
 		row(tw, append(cells, "", fmt.Sprintf(format, median(vals)))...)
 	}
 	info("hot key G=32: p99 wait ÷ moby/locker (no bar)", "%.3f", func(r runResult) float64 { return r.p99Ratio })
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	info("hot key G=32: fairlock max wait (ms)", "%.2f", func(r runResult) float64 { return ms(r.maxWait) })
+	info("hot key G=32: max wait the bar allowed (ms)", "%.2f", func(r runResult) float64 { return ms(r.allowed) })
+	info("host: longest clock-only stall (ms)", "%.2f", func(r runResult) float64 { return ms(r.clockStall) })
 	for _, name := range hot32Rows {
 		info("hot key G=32: "+name+" ops/s (thousands)", "%.1f", func(r runResult) float64 { return r.hot32[name] / 1000 })
 	}

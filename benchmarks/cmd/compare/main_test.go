@@ -47,7 +47,9 @@ func TestMedianOp(t *testing.T) {
 
 // TestPrintTargetRuns checks the summary of repeated runs: each run's
 // value, a star on a miss, the count of runs that met the bar and the
-// median over the runs; then each run's G=32 throughputs and steal time.
+// median over the runs; then each run's G=32 throughputs, fairlock's
+// longest wait beside what the bar allowed and the clock-only probe's
+// longest stall, and the steal time.
 func TestPrintTargetRuns(t *testing.T) {
 	run := func(maxWait, jain, fairOps float64, stealRun, stealHot time.Duration) runResult {
 		return runResult{
@@ -56,8 +58,11 @@ func TestPrintTargetRuns(t *testing.T) {
 				{"hot key G=32: max wait ÷ moby/locker", maxWait, "<=", 0.25},
 				{"hot key G=32: Jain", jain, ">=", 0.99},
 			},
-			steal: hostSteal{stealRun, stealHot, true},
-			hot32: map[string]float64{"fairlock": fairOps, "moby/locker": 351_680, "containerd/kmutex": 254_527, "sync.Mutex": 369_429},
+			steal:      hostSteal{stealRun, stealHot, true},
+			hot32:      map[string]float64{"fairlock": fairOps, "moby/locker": 351_680, "containerd/kmutex": 254_527, "sync.Mutex": 369_429},
+			maxWait:    time.Duration(maxWait * float64(12*time.Millisecond)),
+			allowed:    3 * time.Millisecond,
+			clockStall: stealHot * 10,
 		}
 	}
 	var b strings.Builder
@@ -69,9 +74,12 @@ func TestPrintTargetRuns(t *testing.T) {
 	})
 	lines := strings.Split(b.String(), "\n")
 	for _, c := range []struct{ prefix, want string }{
-		{"hot key G=32: max wait", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
+		{"hot key G=32: max wait ÷ moby/locker", "<=  0.250  0.130  0.340*  0.120  0.250  3/4  0.190"},
 		{"hot key G=32: Jain", ">=  0.990  1.000  1.000  0.980*  1.000  3/4  1.000"},
 		{"hot key G=32: p99 wait ÷ moby/locker (no bar)", "0.033  0.085  0.030  0.062  0.048"},
+		{"hot key G=32: fairlock max wait (ms)", "1.56  4.08  1.44  3.00  2.28"},
+		{"hot key G=32: max wait the bar allowed (ms)", "3.00  3.00  3.00  3.00  3.00"},
+		{"host: longest clock-only stall (ms)", "200.00  9000.00  0.00  400.00  300.00"},
 		{"hot key G=32: fairlock ops/s (thousands)", "263.6  240.0  251.0  270.1  257.3"},
 		{"hot key G=32: moby/locker ops/s (thousands)", "351.7  351.7  351.7  351.7  351.7"},
 		{"hot key G=32: containerd/kmutex ops/s (thousands)", "254.5  254.5  254.5  254.5  254.5"},
@@ -213,5 +221,38 @@ func TestRunOrder(t *testing.T) {
 	}
 	if impls[0].Name != "fairlock" {
 		t.Errorf("runOrder rotated Impls' own slice: it now starts with %s", impls[0].Name)
+	}
+}
+
+// TestHostStallLine checks the line under a run's targets that sets the
+// clock-only probe's longest stall beside what the max-wait bar allowed
+// fairlock and what it waited, and that the allowance comes from the
+// max-wait target's own bound.
+func TestHostStallLine(t *testing.T) {
+	ts := []target{{"hot key G=32: Jain", 1, ">=", 0.99}, {maxWaitTarget, 0.4, "<=", 0.25}}
+	if got := maxWaitBound(ts); got != 0.25 {
+		t.Errorf("maxWaitBound = %v, want the max-wait target's 0.25", got)
+	}
+	r := runResult{clockStall: 9960 * time.Microsecond, allowed: 2390 * time.Microsecond, maxWait: 4360 * time.Microsecond}
+	want := "a thread that only read the clock stalled for up to 9.96ms in 1.5s after the G=32 runs; the max-wait bar allowed fairlock 2.39ms, and it waited 4.36ms at most"
+	if got := r.hostStallLine(1500 * time.Millisecond); got != want {
+		t.Errorf("hostStallLine =\n%q, want\n%q", got, want)
+	}
+}
+
+// TestHostStallHint checks that the hint counts only the runs that missed
+// the max-wait bar while the clock-only probe stalled for longer than the
+// bar allowed, and that it is left out when there are none.
+func TestHostStallHint(t *testing.T) {
+	run := func(ratio float64, stall, allowed time.Duration) runResult {
+		return runResult{targets: []target{{maxWaitTarget, ratio, "<=", 0.25}}, clockStall: stall, allowed: allowed}
+	}
+	ms := time.Millisecond
+	if got := hostStallHint([]runResult{run(0.1, 9*ms, 3*ms), run(0.4, 2*ms, 3*ms)}); got != "" {
+		t.Errorf("hint with no miss over the probe's stall: %q", got)
+	}
+	got := hostStallHint([]runResult{run(0.6, 20*ms, 4*ms), run(0.1, 9*ms, 3*ms), run(0.4, 2*ms, 3*ms), run(0.3, 10*ms, 3*ms)})
+	if !strings.HasPrefix(got, "In 2 of the 3 run(s) that missed the max-wait bar,") {
+		t.Errorf("hostStallHint = %q, want it to count 2 of 3 missed runs", got)
 	}
 }
