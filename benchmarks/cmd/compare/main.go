@@ -485,9 +485,8 @@ var hot32Rows = []string{"fairlock", "moby/locker", "containerd/kmutex"}
 // then fairlock's G=32 p99 wait ÷ moby/locker's, its longest G=32 wait,
 // the longest the max-wait bar allowed and the clock-only probe's longest
 // stall, and the G=32 hot-key throughput of hot32Rows in each run; and
-// then the
-// host's steal time in each run, if it was read in all. Each run holds
-// its targets in the same order.
+// then the host's steal time in each run, if it was read in all. Each run
+// holds its targets in the same order.
 func printTargetRuns(w io.Writer, runs []runResult) {
 	fmt.Fprintf(w, "\nTargets over %d runs (* missed)\n", len(runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
