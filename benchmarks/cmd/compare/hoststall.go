@@ -30,26 +30,30 @@ import (
 // of 9 ms or more in four of the eleven, with the rest of the machine
 // idle; the max-wait bar allowed fairlock 3.0 to 4.8 ms there.
 
-// clockStall runs threads clock-reading threads for about d, by now, and
-// returns the longest interval any of them saw between two consecutive
-// reads. compare runs one thread per processor (GOMAXPROCS).
+// clockStall runs the given number of threads, each reading the clock
+// (now) in a loop for about d, and returns the longest interval any of
+// them saw between two consecutive reads. compare runs one thread per
+// processor (GOMAXPROCS). Each thread keeps its maximum in a local
+// variable and stores it once at the end, so the threads share no cache
+// line while they measure.
 func clockStall(d time.Duration, threads int, now func() time.Time) time.Duration {
-	n := threads
-	longest := make([]time.Duration, n)
+	longest := make([]time.Duration, threads)
 	var wg sync.WaitGroup
-	for i := range n {
+	for i := range threads {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			var stall time.Duration
 			start := now()
 			prev := start
 			for prev.Sub(start) < d {
 				t := now()
-				longest[i] = max(longest[i], t.Sub(prev))
+				stall = max(stall, t.Sub(prev))
 				prev = t
 			}
+			longest[i] = stall
 		}()
 	}
 	wg.Wait()
