@@ -85,21 +85,22 @@ func newScene(t *testing.T, name string, opts ...fairlock.Option) *scene {
 func (s *scene) want(name string) debug.LockerState {
 	ws := make([]debug.WaiterState, len(s.waiters))
 	for i, id := range s.waiters {
-		ws[i] = debug.WaiterState{Owner: id.String()}
+		ws[i] = debug.WaiterState{Owner: id.String(), Mode: debug.Exclusive}
 	}
 	return debug.LockerState{
-		Name: name, Keys: 2, Waiters: 2, Reentrant: 1,
+		Name: name, Kind: "Locker", Keys: 2, Waiters: 2, Reentrant: 1,
 		Held: []debug.KeyState{
-			{Key: `"hot"`, Holder: s.holder.String(), Waiters: ws},
-			{Key: `"cold"`, Holder: s.cold.String(), Waiters: []debug.WaiterState{}},
+			{Key: `"hot"`, Mode: debug.Exclusive, Holders: []debug.HolderState{{Owner: s.holder.String()}}, Waiters: ws},
+			{Key: `"cold"`, Mode: debug.Exclusive, Holders: []debug.HolderState{{Owner: s.cold.String()}}, Waiters: []debug.WaiterState{}},
 		},
 	}
 }
 
 var ignoreTimes = cmp.Options{
 	cmpopts.IgnoreFields(debug.LockerState{}, "Time"),
-	cmpopts.IgnoreFields(debug.KeyState{}, "HeldSince", "HeldFor"),
-	cmpopts.IgnoreFields(debug.WaiterState{}, "Since", "WaitFor"),
+	cmpopts.IgnoreFields(debug.KeyState{}, "HeldFor"),
+	cmpopts.IgnoreFields(debug.HolderState{}, "Since", "For", "Token"),
+	cmpopts.IgnoreFields(debug.WaiterState{}, "Since", "For"),
 }
 
 func findLocker(t *testing.T, states []debug.LockerState, name string) debug.LockerState {
@@ -124,11 +125,11 @@ func TestSnapshot(t *testing.T) {
 	if hot.HeldFor < cold.HeldFor || hot.HeldFor <= 0 {
 		t.Errorf("held keys not longest first: hot %v, cold %v", hot.HeldFor, cold.HeldFor)
 	}
-	if w := hot.Waiters; w[0].WaitFor < w[1].WaitFor {
-		t.Errorf("waiters not in queue order: %v then %v", w[0].WaitFor, w[1].WaitFor)
+	if w := hot.Waiters; w[0].For < w[1].For {
+		t.Errorf("waiters not in queue order: %v then %v", w[0].For, w[1].For)
 	}
-	if !hot.HeldSince.Add(hot.HeldFor).Equal(st.Time) {
-		t.Errorf("HeldSince %v + HeldFor %v != Time %v", hot.HeldSince, hot.HeldFor, st.Time)
+	if h := hot.Holders[0]; h.Since.Add(h.For).After(st.Time) || h.For != hot.HeldFor {
+		t.Errorf("holder since %v + for %v is after the read's end %v, or not the key's HeldFor %v", h.Since, h.For, st.Time, hot.HeldFor)
 	}
 }
 
@@ -181,19 +182,22 @@ func TestDumpText(t *testing.T) {
 	text := buf.String()
 	block := text[strings.Index(text, `fairlock "dump"`):]
 	lines := strings.Split(block, "\n")
-	if !strings.Contains(lines[0], "2 keys, 2 waiters, long-held after 1ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused") {
+	if !strings.Contains(lines[0], "(Locker): 2 keys, 2 waiters, long-held after 1ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused") {
 		t.Errorf("header line %q", lines[0])
 	}
-	if !strings.HasPrefix(strings.TrimSpace(lines[1]), `"hot" held`) || !strings.HasSuffix(lines[1], "by "+s.holder.String()+" LONG") {
-		t.Errorf("first key line %q: want the longest-held key first, its holder, LONG", lines[1])
+	if !strings.HasPrefix(strings.TrimSpace(lines[1]), `"hot" exclusive, held`) || !strings.HasSuffix(lines[1], " LONG") {
+		t.Errorf("first key line %q: want the longest-held key first, its mode, LONG", lines[1])
+	}
+	if want := "holder: " + s.holder.String() + " token "; !strings.Contains(lines[2], want) || !strings.HasSuffix(lines[2], " LONG") {
+		t.Errorf("holder line %q lacks %q or LONG", lines[2], want)
 	}
 	for i, id := range s.waiters {
-		if want := fmt.Sprintf("waiter %d: %s waiting", i+1, id); !strings.Contains(lines[2+i], want) {
-			t.Errorf("line %q lacks %q", lines[2+i], want)
+		if want := fmt.Sprintf("waiter %d: %s exclusive waiting", i+1, id); !strings.Contains(lines[3+i], want) {
+			t.Errorf("line %q lacks %q", lines[3+i], want)
 		}
 	}
-	if !strings.HasPrefix(strings.TrimSpace(lines[4]), `"cold" held`) {
-		t.Errorf("second key line %q", lines[4])
+	if !strings.HasPrefix(strings.TrimSpace(lines[5]), `"cold" exclusive, held`) {
+		t.Errorf("second key line %q", lines[5])
 	}
 }
 
@@ -201,15 +205,15 @@ func TestStacks(t *testing.T) {
 	s := newScene(t, "stacks", fairlock.WithStacks())
 	defer s.release()
 	st := findLocker(t, debug.Snapshot(), "stacks")
-	if len(st.Held[0].Stack) == 0 || !strings.Contains(st.Held[0].Stack[0], "newScene") {
-		t.Fatalf("holder stack %q does not start at the Lock caller", st.Held[0].Stack)
+	if stack := st.Held[0].Holders[0].Stack; len(stack) == 0 || !strings.Contains(stack[0], "newScene") {
+		t.Fatalf("holder stack %q does not start at the Lock caller", stack)
 	}
 	if len(st.Held[0].Waiters[0].Stack) == 0 {
 		t.Fatal("waiter stack missing with WithStacks")
 	}
 	plain := newScene(t, "nostacks")
 	defer plain.release()
-	if st := findLocker(t, debug.Snapshot(), "nostacks"); st.Held[0].Stack != nil {
+	if st := findLocker(t, debug.Snapshot(), "nostacks"); st.Held[0].Holders[0].Stack != nil {
 		t.Fatal("stack recorded without WithStacks")
 	}
 }
@@ -242,7 +246,7 @@ func TestHandler(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
 			t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
 		}
-		if !strings.Contains(body, `fairlock "http": 2 keys, 2 waiters`) {
+		if !strings.Contains(body, `fairlock "http" (Locker): 2 keys, 2 waiters`) {
 			t.Fatalf("text body lacks the locker:\n%s", body)
 		}
 	})
@@ -258,10 +262,10 @@ func TestHandler(t *testing.T) {
 		if diff := cmp.Diff([]debug.LockerState{s.want("http")}, got, ignoreTimes); diff != "" {
 			t.Fatalf("JSON (-want +got):\n%s", diff)
 		}
-		if got[0].Held[0].HeldFor <= 0 || got[0].Held[0].HeldSince.IsZero() {
-			t.Fatalf("times lost in JSON: %+v", got[0].Held[0])
+		if h := got[0].Held[0].Holders[0]; got[0].Held[0].HeldFor <= 0 || h.Since.IsZero() || h.Token == 0 {
+			t.Fatalf("times or token lost in JSON: %+v", got[0].Held[0])
 		}
-		for _, field := range []string{`"held_for_ns"`, `"held_since"`, `"wait_for_ns"`, `"double_unlocks"`, `"reentrant"`} {
+		for _, field := range []string{`"held_for_ns"`, `"since"`, `"wait_for_ns"`, `"double_unlocks"`, `"reentrant"`, `"token"`, `"mode"`, `"omitted_keys"`} {
 			if !strings.Contains(body, field) {
 				t.Errorf("JSON lacks documented field %s", field)
 			}

@@ -5,21 +5,24 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/registry"
 )
 
-// Dump writes every registered Locker's state as text, in the spirit of
-// /debug/pprof/goroutine?debug=1: one block per Locker, its held keys
-// longest held first, each with its holder and waiters in queue order.
-// Long-held keys and long waits are marked "LONG". It returns the first
-// write error.
+// Dump writes every registered locker's state as text, in the spirit of
+// /debug/pprof/goroutine?debug=1: one block per locker, its live keys
+// longest held first, each with its holders and its waiters in queue
+// order. Long-held keys and long waits are marked "LONG". Keys are
+// rendered by the locker (strings quoted, control characters escaped), so
+// no key can forge a line. It returns the first write error.
 //
-//	fairlock "orders": 2 keys, 3 waiters, long-held after 100ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused
-//	  "order-17" held 2.31s by flow#12 LONG
-//	      waiter 1: goroutine#55 waiting 2.3s LONG
-//	      acquired at:
+//	fairlock "orders" (Locker): 2 keys, 3 waiters, long-held after 100ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused
+//	  "order-17" exclusive, held 2.31s LONG
+//	      holder: flow#12 token 41 for 2.31s LONG
 //	          main.handle /src/app/main.go:42
+//	      waiter 1: goroutine#55 exclusive waiting 2.3s LONG
 func Dump(w io.Writer) error {
-	return writeText(w, Snapshot())
+	return writeText(w, registry.Snapshot("", 0))
 }
 
 func writeText(w io.Writer, states []LockerState) error {
@@ -37,29 +40,48 @@ func writeText(w io.Writer, states []LockerState) error {
 }
 
 func writeLocker(w io.Writer, st LockerState) {
-	fmt.Fprintf(w, "fairlock %q: %d keys, %d waiters", st.Name, st.Keys, st.Waiters)
+	fmt.Fprintf(w, "fairlock %q (%s", st.Name, st.Kind)
+	if st.Units > 0 {
+		fmt.Fprintf(w, " of %d units per key", st.Units)
+	}
+	fmt.Fprintf(w, "): %d keys, %d waiters", st.Keys, st.Waiters)
 	if st.LongHeld > 0 {
 		fmt.Fprintf(w, ", long-held after %v", st.LongHeld)
 	}
 	fmt.Fprintf(w, "; %d double unlocks, %d reentrant, %d deadlocks refused\n",
 		st.DoubleUnlocks, st.Reentrant, st.DeadlocksRefused)
 	for _, k := range st.Held {
-		fmt.Fprintf(w, "  %s held %s by %s%s\n", k.Key, human(k.HeldFor), k.Holder, mark(k.LongHeld))
-		for i, wt := range k.Waiters {
-			fmt.Fprintf(w, "      waiter %d: %s waiting %s%s\n", i+1, wt.Owner, human(wt.WaitFor), mark(wt.LongWait))
+		fmt.Fprintf(w, "  %s %s", k.Key, k.Mode)
+		if k.Units > 0 {
+			fmt.Fprintf(w, " %d of %d units", k.Units, st.Units)
 		}
-		writeStack(w, "      acquired at:", k.Stack)
-		for i, wt := range k.Waiters {
-			writeStack(w, fmt.Sprintf("      waiter %d called Lock at:", i+1), wt.Stack)
+		if len(k.Holders) > 0 {
+			fmt.Fprintf(w, ", held %s%s", human(k.HeldFor), mark(k.LongHeld))
 		}
+		fmt.Fprintln(w)
+		for _, h := range k.Holders {
+			fmt.Fprintf(w, "      holder: %s token %d", h.Owner, h.Token)
+			if h.Units > 0 {
+				fmt.Fprintf(w, " %d units", h.Units)
+			}
+			fmt.Fprintf(w, " for %s%s\n", human(h.For), mark(h.LongHeld))
+			writeStack(w, h.Stack)
+		}
+		for i, wt := range k.Waiters {
+			fmt.Fprintf(w, "      waiter %d: %s %s", i+1, wt.Owner, wt.Mode)
+			if wt.Units > 0 {
+				fmt.Fprintf(w, " %d units", wt.Units)
+			}
+			fmt.Fprintf(w, " waiting %s%s\n", human(wt.For), mark(wt.LongWait))
+			writeStack(w, wt.Stack)
+		}
+	}
+	if st.Omitted > 0 {
+		fmt.Fprintf(w, "  … %d more keys left out\n", st.Omitted)
 	}
 }
 
-func writeStack(w io.Writer, title string, frames []string) {
-	if len(frames) == 0 {
-		return
-	}
-	fmt.Fprintln(w, title)
+func writeStack(w io.Writer, frames []string) {
 	for _, f := range frames {
 		fmt.Fprintf(w, "          %s\n", f)
 	}

@@ -36,7 +36,7 @@ func ExampleSnapshot() {
 		}
 		k := st.Held[0]
 		fmt.Printf("%s: %d key held, %d waiting\n", st.Name, st.Keys, st.Waiters)
-		fmt.Printf("%s held by the request: %v, waiters: %d\n", k.Key, k.Holder == owner.Of(request).String(), len(k.Waiters))
+		fmt.Printf("%s held by the request: %v, waiters: %d\n", k.Key, k.Holders[0].Owner == owner.Of(request).String(), len(k.Waiters))
 	}
 	g.Unlock()
 	<-queued

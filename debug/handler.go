@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+
+	"github.com/fairlock/fairlock/internal/registry"
 )
 
 // Handler returns an http.Handler that serves the registered Lockers'
@@ -35,7 +37,7 @@ func serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := q.Get("locker")
-	states := snapshot(name)
+	states := registry.Snapshot(name, 0)
 	if name != "" && len(states) == 0 {
 		http.Error(w, fmt.Sprintf("fairlock debug: no locker named %q", name), http.StatusNotFound)
 		return

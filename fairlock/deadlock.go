@@ -17,6 +17,8 @@ type DeadlockError struct {
 	// call: Cycle[i].Owner waits for Cycle[i].Key, which is held by
 	// Cycle[i+1].Owner; the last edge's key is held by Cycle[0].Owner.
 	Cycle []WaitEdge
+
+	render func(any) string // the Locker's key renderer; nil: renderKey
 }
 
 // WaitEdge is one edge of a wait-for cycle: Owner waits for Key.
@@ -28,6 +30,10 @@ type WaitEdge struct {
 // Error describes the cycle, for example
 // `fairlock: deadlock: flow#1 waits for "a" held by flow#2, flow#2 waits for "b" held by flow#1`.
 func (e *DeadlockError) Error() string {
+	render := e.render
+	if render == nil {
+		render = renderKey
+	}
 	var b strings.Builder
 	b.WriteString("fairlock: deadlock: ")
 	for i, edge := range e.Cycle {
@@ -35,7 +41,7 @@ func (e *DeadlockError) Error() string {
 			b.WriteString(", ")
 		}
 		holder := e.Cycle[(i+1)%len(e.Cycle)].Owner
-		b.WriteString(edge.Owner.String() + " waits for " + formatKey(edge.Key) + " held by " + holder.String())
+		b.WriteString(edge.Owner.String() + " waits for " + render(edge.Key) + " held by " + holder.String())
 	}
 	return b.String()
 }
@@ -149,7 +155,7 @@ func (d *detector[K]) handOff(key K, newHolder owner.ID, stillAwaited bool) {
 
 // refuseDeadlock logs and returns the error for a refused cycle.
 func (l *Locker[K]) refuseDeadlock(ctx context.Context, key K, id owner.ID, cycle []WaitEdge) (Guard[K], error) {
-	derr := &DeadlockError{Cycle: cycle}
-	l.logger.Warn("fairlock: deadlock refused", "locker", l.name, "key", formatKey(key), "owner", id.String(), "cycle", derr.Error())
+	derr := &DeadlockError{Cycle: cycle, render: l.renderAny}
+	l.logger.Warn("fairlock: deadlock refused", "locker", l.name, "key", l.keyText(key), "owner", id.String(), "cycle", derr.Error())
 	return l.fail(ctx, "Lock", key, id, derr, 0)
 }

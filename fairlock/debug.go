@@ -1,13 +1,15 @@
 package fairlock
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/fairlock/fairlock/debug"
+	"github.com/fairlock/fairlock/internal/registry"
 )
 
 // debugState is a Locker's debug-mode machinery: its registration with
@@ -27,7 +29,7 @@ type debugState struct {
 func (l *Locker[K]) startDebug(cfg config) {
 	d := &debugState{stacks: cfg.stacks, longHeld: max(cfg.longHeld, 0), quit: make(chan struct{})}
 	l.dbg = d
-	d.name, d.unregister = debug.Register(l.name, debugSource[K]{l})
+	d.name, d.unregister = registry.Register(l.name, debugSource[K]{l})
 	if d.longHeld > 0 {
 		d.done.Add(1)
 		go l.watch(d)
@@ -43,15 +45,25 @@ func (d *debugState) stop() {
 	})
 }
 
-// debugSource adapts a Locker to debug.Source.
+// debugSource adapts a Locker to registry.Source.
 type debugSource[K comparable] struct{ l *Locker[K] }
 
-// DebugState reads the Locker shard by shard. The registry fills in the
-// name.
-func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
+// rawKey is one live key as read under its shard mutex: the key itself,
+// not yet rendered (rendering may run user code, which must not run under
+// a shard mutex), with its holder and waiters.
+type rawKey[K comparable] struct {
+	key   K
+	state registry.KeyState
+}
+
+// DebugState reads the Locker shard by shard. Each shard's clock is read
+// under its mutex, after every grant it shows was recorded, so no age is
+// negative. Keys are rendered after all shard mutexes are released, and
+// only the limit longest held are.
+func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 	l := src.l
-	st := debug.LockerState{
-		Time:          now,
+	st := registry.LockerState{
+		Kind:          "Locker",
 		LongHeld:      l.dbg.longHeld,
 		DoubleUnlocks: l.doubleUnlocks.Load(),
 		Reentrant:     l.reentrant.Load(),
@@ -60,35 +72,49 @@ func (src debugSource[K]) DebugState(now time.Time) debug.LockerState {
 		st.DeadlocksRefused = l.detector.refused.Load()
 	}
 	long := func(d time.Duration) bool { return l.dbg.longHeld > 0 && d > l.dbg.longHeld }
+	var raw []rawKey[K]
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.lock()
+		now := time.Now()
 		st.Keys += s.live
 		st.Waiters += s.waiting
 		for e := range s.entries() {
-			k := debug.KeyState{
-				Key:       formatKey(e.key),
-				Holder:    e.holder.String(),
-				HeldSince: e.hold.grantedAt,
-				HeldFor:   now.Sub(e.hold.grantedAt),
-				Stack:     frames(e.hold.stack),
-				Waiters:   make([]debug.WaiterState, 0, e.waiters.Len()),
+			held := now.Sub(e.hold.grantedAt)
+			k := registry.KeyState{
+				Mode:     registry.Exclusive,
+				HeldFor:  held,
+				LongHeld: long(held),
+				Holders: []registry.HolderState{{
+					Owner: e.holder.String(), Token: e.gen, Since: e.hold.grantedAt,
+					For: held, LongHeld: long(held), Stack: frames(e.hold.stack),
+				}},
+				Waiters: make([]registry.WaiterState, 0, e.waiters.Len()),
 			}
-			k.LongHeld = long(k.HeldFor)
 			for w := range e.waiters.All() {
-				ws := debug.WaiterState{
-					Owner:   w.Value.owner.String(),
-					Since:   w.Value.since,
-					WaitFor: now.Sub(w.Value.since),
-					Stack:   frames(w.Value.stack),
-				}
-				ws.LongWait = long(ws.WaitFor)
-				k.Waiters = append(k.Waiters, ws)
+				age := now.Sub(w.Value.since)
+				k.Waiters = append(k.Waiters, registry.WaiterState{
+					Owner: w.Value.owner.String(), Mode: registry.Exclusive, Since: w.Value.since,
+					For: age, LongWait: long(age), Stack: frames(w.Value.stack),
+				})
 			}
-			st.Held = append(st.Held, k)
+			raw = append(raw, rawKey[K]{e.key, k})
 		}
 		s.unlock()
 	}
+	st.Time = time.Now()
+	// Keep the limit longest held before rendering: rendering is the cost.
+	slices.SortStableFunc(raw, func(a, b rawKey[K]) int { return cmp.Compare(b.state.HeldFor, a.state.HeldFor) })
+	if limit > 0 && len(raw) > limit {
+		raw = raw[:limit]
+	}
+	st.Held = make([]registry.KeyState, len(raw))
+	for i, r := range raw {
+		st.Held[i] = r.state
+		st.Held[i].Key = l.keyText(r.key)
+	}
+	st.Held, _ = registry.Keep(st.Held, 0)
+	st.Omitted = st.Keys - len(st.Held)
 	return st
 }
 
@@ -109,10 +135,10 @@ func frames(pcs []uintptr) []string {
 }
 
 // warning is one long-held or long-wait report, built under a shard mutex
-// and logged after it is released.
-type warning struct {
+// and rendered and logged after it is released.
+type warning[K comparable] struct {
 	msg    string
-	key    string
+	key    K
 	owner  string
 	age    time.Duration
 	holder string // for a long wait: who holds the key
@@ -127,7 +153,7 @@ func (l *Locker[K]) watch(d *debugState) {
 	period := min(max(d.longHeld/4, time.Millisecond), time.Second)
 	t := time.NewTicker(period)
 	defer t.Stop()
-	var warnings []warning
+	var warnings []warning[K]
 	for {
 		select {
 		case <-d.quit:
@@ -135,7 +161,7 @@ func (l *Locker[K]) watch(d *debugState) {
 		case now := <-t.C:
 			warnings = l.overdue(now, d.longHeld, warnings[:0])
 			for _, w := range warnings {
-				args := []any{"locker", d.name, "key", w.key}
+				args := []any{"locker", d.name, "key", l.keyText(w.key)}
 				if w.holder == "" {
 					args = append(args, "holder", w.owner, "held_for", w.age)
 				} else {
@@ -151,7 +177,7 @@ func (l *Locker[K]) watch(d *debugState) {
 }
 
 // overdue collects the warnings due at now, marking each as given.
-func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) []warning {
+func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning[K]) []warning[K] {
 	due := func(age time.Duration, warned *uint) bool {
 		// The n'th warning is due at limit<<(n-1); skip past thresholds a
 		// slow tick missed so one tick gives at most one warning.
@@ -168,11 +194,11 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning) [
 		s.lock()
 		for e := range s.entries() {
 			if age := now.Sub(e.hold.grantedAt); due(age, &e.hold.warned) {
-				out = append(out, warning{msg: "fairlock: lock held too long", key: formatKey(e.key), owner: e.holder.String(), age: age, stack: e.hold.stack})
+				out = append(out, warning[K]{msg: "fairlock: lock held too long", key: e.key, owner: e.holder.String(), age: age, stack: e.hold.stack})
 			}
 			for w := range e.waiters.All() {
 				if age := now.Sub(w.Value.since); due(age, &w.Value.warned) {
-					out = append(out, warning{msg: "fairlock: waiting too long", key: formatKey(e.key), owner: w.Value.owner.String(), age: age, holder: e.holder.String(), stack: w.Value.stack})
+					out = append(out, warning[K]{msg: "fairlock: waiting too long", key: e.key, owner: w.Value.owner.String(), age: age, holder: e.holder.String(), stack: w.Value.stack})
 				}
 			}
 		}

@@ -39,10 +39,15 @@ type LockError struct {
 	Key   any      // the key the call was for; nil for LockMany with no keys
 	Owner owner.ID // the caller's owner
 	Err   error    // the sentinel or context error
+
+	render func(any) string // the Locker's key renderer; nil: renderKey
 }
 
 // Error returns a message of the form
-// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`.
+// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`. The key
+// is rendered as in debug output: string keys quoted, pointer keys as type
+// and address (or by the Locker's WithKeyFormatter), control characters
+// escaped.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	b.WriteString("fairlock: ")
@@ -51,7 +56,11 @@ func (e *LockError) Error() string {
 	if e.Key == nil && e.Op == "LockMany" { // LockMany's keys are never nil
 		b.WriteString("(no keys)")
 	} else {
-		b.WriteString(formatKey(e.Key))
+		render := e.render
+		if render == nil {
+			render = renderKey
+		}
+		b.WriteString(render(e.Key))
 	}
 	if e.Owner != 0 {
 		b.WriteString(" (")
@@ -65,14 +74,6 @@ func (e *LockError) Error() string {
 
 // Unwrap returns the sentinel or context error.
 func (e *LockError) Unwrap() error { return e.Err }
-
-// formatKey quotes string keys and prints others with %v.
-func formatKey(k any) string {
-	if s, ok := k.(string); ok {
-		return fmt.Sprintf("%q", s)
-	}
-	return fmt.Sprintf("%v", k)
-}
 
 // contextError returns the error to report for a done ctx: its cause when
 // one was set with a Cause function and differs, else ctx.Err(). Both

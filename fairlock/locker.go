@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -51,12 +52,14 @@ type Locker[K comparable] struct {
 	shards []shard[K]
 	mask   uint64
 
-	name     string
-	logger   *slog.Logger
-	timed    bool           // read the clock on grant/release: debug or observer on
-	obs      LockerObserver // nil without WithObserver
-	dbg      *debugState    // nil without WithDebug
-	detector *detector[K]   // nil without WithDeadlockDetection
+	name      string
+	logger    *slog.Logger
+	keyFormat func(K) string   // WithKeyFormatter, or nil
+	renderAny func(any) string // renders a K held in an any: for errors
+	timed     bool             // read the clock on grant/release: debug or observer on
+	obs       LockerObserver   // nil without WithObserver
+	dbg       *debugState      // nil without WithDebug
+	detector  *detector[K]     // nil without WithDeadlockDetection
 
 	reentrant     atomic.Int64 // ErrReentrant returns
 	doubleUnlocks atomic.Int64 // Unlocks of a Guard already unlocked
@@ -153,6 +156,19 @@ func New[K comparable](opts ...Option) *Locker[K] {
 		logger:  cfg.logger,
 		drained: make(chan struct{}),
 	}
+	if cfg.keyFormat != nil {
+		f, ok := cfg.keyFormat.(func(K) string)
+		if !ok {
+			panic(fmt.Sprintf("fairlock: WithKeyFormatter given a %T for a Locker of %v keys", cfg.keyFormat, reflect.TypeFor[K]()))
+		}
+		l.keyFormat = f
+	}
+	l.renderAny = func(k any) string {
+		if key, ok := k.(K); ok {
+			return l.keyText(key)
+		}
+		return renderKey(k)
+	}
 	if cfg.deadlocks {
 		l.detector = newDetector[K]()
 	}
@@ -174,6 +190,17 @@ func New[K comparable](opts ...Option) *Locker[K] {
 		l.startDebug(cfg) // last: from here on other goroutines can read l
 	}
 	return l
+}
+
+// keyText renders key for errors, debug output and warnings: with the
+// WithKeyFormatter function if one was given, else by renderKey's rules;
+// control characters are escaped either way. It may run user code, so it
+// is never called with a shard mutex held.
+func (l *Locker[K]) keyText(key K) string {
+	if l.keyFormat != nil {
+		return escapeNonPrinting(l.keyFormat(key))
+	}
+	return renderKey(key)
 }
 
 // shardOf returns key's shard and its tag there (the key's hash, never 0).
@@ -455,7 +482,7 @@ func (l *Locker[K]) fail(ctx context.Context, op string, key K, id owner.ID, err
 	if l.obs != nil {
 		l.obs.Acquire(resultOf(err), waited)
 	}
-	return Guard[K]{}, &LockError{Op: op, Key: key, Owner: id, Err: err}
+	return Guard[K]{}, &LockError{Op: op, Key: key, Owner: id, Err: err, render: l.renderAny}
 }
 
 // release ends the grant g holds, if it is still current, and hands the key

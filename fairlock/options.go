@@ -20,6 +20,7 @@ type config struct {
 	longHeld  time.Duration
 	logger    *slog.Logger
 	deadlocks bool
+	keyFormat any // func(K) string, from WithKeyFormatter
 }
 
 func defaultConfig() config {
@@ -119,3 +120,23 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // waiting would close a cycle. Only Lock calls that must wait pay for it:
 // one extra mutex and a graph walk. See docs/deadlocks.md for its limits.
 func WithDeadlockDetection() Option { return func(c *config) { c.deadlocks = true } }
+
+// WithKeyFormatter sets how the Locker renders keys in errors, debug
+// output and warnings. Without it, string keys are quoted, keys that are
+// or hold pointers render as type and address (a Locker never reads what a
+// key points to: the holder owns it, and reading it while the holder
+// writes would be a data race), and other keys print as fmt's %v. f runs
+// outside the Locker's mutexes, each time a key is rendered (an error's
+// Error method, a dump, a warning), possibly concurrently; it must be safe
+// for that, and must not read memory the key's holder may be writing.
+// Control characters in its result are escaped. New panics if K is not
+// the type of f's parameter.
+func WithKeyFormatter[K comparable](f func(K) string) Option {
+	return func(c *config) {
+		if f == nil {
+			c.keyFormat = nil
+			return
+		}
+		c.keyFormat = f
+	}
+}

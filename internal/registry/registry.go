@@ -1,0 +1,192 @@
+// Package registry is the process-wide list of lockers built with debug
+// on, and the shape of what each reports. Lockers register here (package
+// fairlock, and etcdlock in its own module); package debug reads it and
+// serves it. It imports nothing beyond the standard library's basics, so
+// a program that uses only package fairlock links neither net/http nor
+// encoding/json through it.
+package registry
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// LockerState is one locker's state, read shard by shard. The JSON field
+// names are stable; durations are integer nanoseconds and times RFC 3339.
+type LockerState struct {
+	Name string `json:"name"` // the name from WithName, or generated
+	// Kind is the locker's type: "Locker", "Semaphore" or "etcdlock.Locker".
+	Kind string `json:"kind"`
+	// Time is when the read ended. Each age below was measured when its
+	// own shard was read, under that shard's mutex, so none is negative.
+	Time time.Time `json:"time"`
+	// Units is what each key of a Semaphore has (its n); 0 for a Locker.
+	Units   int64 `json:"units,omitempty"`
+	Keys    int   `json:"keys"`    // live keys: held or awaited
+	Waiters int   `json:"waiters"` // queued calls over all keys
+	// LongHeld is the threshold from WithLongHeld; 0 if unset.
+	LongHeld time.Duration `json:"long_held_ns"`
+	// DoubleUnlocks counts Unlocks of a Guard already unlocked.
+	DoubleUnlocks int64 `json:"double_unlocks"`
+	// Reentrant counts calls refused with ErrReentrant.
+	Reentrant int64 `json:"reentrant"`
+	// DeadlocksRefused counts calls refused with ErrDeadlock.
+	DeadlocksRefused int64 `json:"deadlocks_refused"`
+	// Held lists the live keys, longest held first (then by key), at most
+	// the limit the reader asked for.
+	Held []KeyState `json:"held"`
+	// Omitted is how many live keys the limit left out of Held.
+	Omitted int `json:"omitted_keys"`
+}
+
+// The modes of holders and waiters.
+const (
+	Exclusive = "exclusive" // Lock: the only holder
+	Shared    = "shared"    // RLock: one of any number of readers
+	Units     = "units"     // Semaphore.Acquire: some of the key's units
+	Wait      = "wait"      // Locker.Wait: a turn in the queue, holding nothing
+)
+
+// KeyState is one live key.
+type KeyState struct {
+	// Key is the key as the locker renders it: string keys quoted, keys
+	// holding pointers as type and address, control characters escaped.
+	Key string `json:"key"`
+	// Mode is the holders' mode (Exclusive, Shared or Units); "" while the
+	// key has no holder.
+	Mode string `json:"mode"`
+	// Units is the sum of the holders' units (Semaphore); 0 for a Locker.
+	Units int64 `json:"units,omitempty"`
+	// HeldFor is the age of the oldest grant among the holders.
+	HeldFor time.Duration `json:"held_for_ns"`
+	// LongHeld is true once HeldFor passes the locker's LongHeld threshold.
+	LongHeld bool `json:"long_held"`
+	// Holders are the key's holders, in the order they were granted.
+	Holders []HolderState `json:"holders"`
+	// Waiters are the queued calls, in the order they will be granted.
+	Waiters []WaiterState `json:"waiters"`
+}
+
+// HolderState is one grant of a key.
+type HolderState struct {
+	Owner string `json:"owner"` // e.g. "flow#3" or "goroutine#41"
+	// Token is the grant's fencing token (Guard.Token).
+	Token uint64        `json:"token"`
+	Units int64         `json:"units,omitempty"` // Semaphore: units held
+	Since time.Time     `json:"since"`           // when it was granted
+	For   time.Duration `json:"held_for_ns"`     // its age when read
+	// LongHeld is true once For passes the locker's LongHeld threshold.
+	LongHeld bool `json:"long_held"`
+	// Stack is the acquiring call's stack, innermost first, one
+	// "function file:line" per frame; only with WithStacks.
+	Stack []string `json:"stack,omitempty"`
+}
+
+// WaiterState is one queued call.
+type WaiterState struct {
+	Owner string `json:"owner"`
+	// Mode is what the call waits for: Exclusive, Shared, Wait or Units.
+	Mode  string        `json:"mode"`
+	Units int64         `json:"units,omitempty"` // Semaphore: units asked for
+	Since time.Time     `json:"since"`           // when it joined the queue
+	For   time.Duration `json:"wait_for_ns"`     // its age when read
+	// LongWait is true once For passes the locker's LongHeld threshold.
+	LongWait bool     `json:"long_wait"`
+	Stack    []string `json:"stack,omitempty"` // with WithStacks
+}
+
+// A Source reports one locker's state.
+type Source interface {
+	// DebugState returns the locker's state with at most limit keys in
+	// Held, the longest held first (limit <= 0: every key), and Omitted
+	// set to the number left out; the registry sets Name. It must be safe
+	// to call concurrently with the locker's use, must not block on its
+	// holders, and must run no user code (a key's String method, a
+	// formatter, a logger) while it holds one of the locker's mutexes.
+	DebugState(limit int) LockerState
+}
+
+var registry struct {
+	mu      sync.Mutex
+	sources map[string]Source // guarded by mu
+}
+
+// Register adds src under name and returns the name it got (name, or
+// name#2, name#3… if taken) and the function that removes it; calling
+// that function again does nothing.
+func Register(name string, src Source) (registered string, unregister func()) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	if registry.sources == nil {
+		registry.sources = make(map[string]Source)
+	}
+	registered = name
+	for i := 2; registry.sources[registered] != nil; i++ {
+		registered = name + "#" + strconv.Itoa(i)
+	}
+	registry.sources[registered] = src
+	var once sync.Once
+	return registered, func() {
+		once.Do(func() {
+			registry.mu.Lock()
+			delete(registry.sources, registered)
+			registry.mu.Unlock()
+		})
+	}
+}
+
+// Names returns the registered names, sorted.
+func Names() []string {
+	registry.mu.Lock()
+	names := make([]string, 0, len(registry.sources))
+	for n := range registry.sources {
+		names = append(names, n)
+	}
+	registry.mu.Unlock()
+	slices.Sort(names)
+	return names
+}
+
+// Snapshot returns the state of every registered locker (only the one
+// registered as name, if name is not empty), sorted by name, each with at
+// most limit keys (limit <= 0: all).
+func Snapshot(name string, limit int) []LockerState {
+	type named struct {
+		name string
+		src  Source
+	}
+	registry.mu.Lock()
+	srcs := make([]named, 0, len(registry.sources))
+	for n, src := range registry.sources {
+		if name == "" || n == name {
+			srcs = append(srcs, named{n, src})
+		}
+	}
+	registry.mu.Unlock()
+	// Sources are read outside the registry mutex: a slow locker must not
+	// stall Register and Close of others.
+	states := make([]LockerState, 0, len(srcs))
+	for _, ns := range srcs {
+		st := ns.src.DebugState(limit)
+		st.Name = ns.name
+		states = append(states, st)
+	}
+	slices.SortFunc(states, func(a, b LockerState) int { return cmp.Compare(a.Name, b.Name) })
+	return states
+}
+
+// Keep sorts keys longest held first, then by key, and keeps at most
+// limit of them (limit <= 0: all). It returns the kept keys and how many
+// it left out. Sources use it after reading every live key.
+func Keep(keys []KeyState, limit int) ([]KeyState, int) {
+	slices.SortStableFunc(keys, func(a, b KeyState) int {
+		return cmp.Or(cmp.Compare(b.HeldFor, a.HeldFor), cmp.Compare(a.Key, b.Key))
+	})
+	if limit <= 0 || len(keys) <= limit {
+		return keys, 0
+	}
+	return keys[:limit], len(keys) - limit
+}
