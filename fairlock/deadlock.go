@@ -9,7 +9,7 @@ import (
 	"github.com/fairlock/fairlock/owner"
 )
 
-// DeadlockError is the error (wrapped in a *LockError) that Lock returns
+// DeadlockError is the error (wrapped in a *LockError) that a call returns
 // with WithDeadlockDetection when waiting would close a wait-for cycle. It
 // unwraps to ErrDeadlock. Get it with errors.As.
 type DeadlockError struct {
@@ -49,78 +49,146 @@ func (e *DeadlockError) Error() string {
 // Unwrap returns ErrDeadlock.
 func (e *DeadlockError) Unwrap() error { return ErrDeadlock }
 
-// detector keeps the wait-for graph of one Locker. Edges run from a waiting
-// owner to the key it waits for, and from that key to its holder; only
-// keys with waiters have an edge to their holder, so the uncontended path
-// never touches the detector. Lock order: a shard mutex, then mu.
+// detector keeps the wait-for graph of one Locker or Semaphore. Edges run
+// from a waiting owner to the key it waits for, and from that key to each
+// of its holders; only awaited keys are in the graph, so the uncontended
+// path never touches the detector. Lock order: a shard mutex, then mu.
 //
-// This is the textbook wait-for graph of database lock managers (see
-// Gray and Reuter, "Transaction Processing", §7.11), checked eagerly on
-// every enqueue: the requester that would close a cycle is refused, which
-// keeps the graph acyclic, so each check is one walk from the key's holder.
+// This is the wait-for graph of database lock managers (Gray and Reuter,
+// "Transaction Processing", §7.11), checked eagerly when a call is about
+// to wait: the call that would close a cycle is refused. A waiter depends
+// on every holder of its key, also one whose mode it could share: in
+// strict FIFO it cannot be granted before the waiters ahead of it, which
+// wait for those holders.
+//
+// A Locker key's waiter needs all of its holders to release (an AND
+// wait), so one holder that waits for the requester closes a cycle. A
+// Semaphore key's waiter may be served by any holder's release (an OR
+// wait, in Knapp's terms: "Deadlock detection in distributed databases",
+// ACM Computing Surveys, 1987), so the requester is refused only if every
+// holder waits for it: never a wait that a holder outside the cycle could
+// still end.
 type detector[K comparable] struct {
+	orWaits bool // a Semaphore's detector
 	mu      sync.Mutex
-	holder  map[K]owner.ID         // guarded by mu: holder of each awaited key
+	holders map[K][]owner.ID       // guarded by mu: the holders of each awaited key
 	waits   map[owner.ID]map[K]int // guarded by mu: keys each owner waits for, with counts
+	peak    int                    // guarded by mu: most entries in holders or waits since made
 	refused atomic.Int64           // cycles refused
 }
 
-func newDetector[K comparable]() *detector[K] {
-	return &detector[K]{holder: make(map[K]owner.ID), waits: make(map[owner.ID]map[K]int)}
+func newDetector[K comparable](orWaits bool) *detector[K] {
+	d := &detector[K]{orWaits: orWaits}
+	d.reset()
+	return d
 }
 
-// enqueue records that requester is about to wait for key, held by holder,
-// unless that would close a cycle; then it records nothing and returns the
-// cycle. The caller holds key's shard mutex.
-func (d *detector[K]) enqueue(key K, holder, requester owner.ID) []WaitEdge {
+// reset makes the maps anew, so that memory a peak of waiters took is
+// given back once they are all gone (Go maps never shrink). d.mu is held,
+// or d is new.
+func (d *detector[K]) reset() {
+	d.holders, d.waits, d.peak = make(map[K][]owner.ID), make(map[owner.ID]map[K]int), 0
+}
+
+// wait records that requester is about to wait for key, held by holders
+// (awaited: others wait for it already), unless that would close a cycle;
+// then it leaves the graph as it was and returns the cycle. The caller
+// holds key's shard mutex.
+func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, awaited bool) []WaitEdge {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if cycle := d.cycle(key, holder, requester); cycle != nil {
+	d.setHoldersLocked(key, holders)
+	w := walk[K]{d: d, target: requester, seen: make(map[owner.ID]walkState)}
+	if w.blocked(key) {
 		d.refused.Add(1)
-		return cycle
+		if !awaited {
+			delete(d.holders, key)
+		}
+		return append([]WaitEdge{{Owner: requester, Key: key}}, w.path...)
 	}
-	d.holder[key] = holder
 	ks := d.waits[requester]
 	if ks == nil {
 		ks = make(map[K]int)
 		d.waits[requester] = ks
 	}
 	ks[key]++
+	d.peak = max(d.peak, len(d.waits), len(d.holders))
 	return nil
 }
 
-// cycle walks the graph from holder, depth first, looking for requester.
-// The graph is acyclic (every enqueue that would close a cycle is refused),
-// so visited only saves work where paths rejoin.
-func (d *detector[K]) cycle(key K, holder, requester owner.ID) []WaitEdge {
-	path := []WaitEdge{{Owner: requester, Key: key}}
-	visited := make(map[owner.ID]bool)
-	var walk func(o owner.ID) bool
-	walk = func(o owner.ID) bool {
-		if o == requester {
-			return true
-		}
-		if visited[o] {
-			return false
-		}
-		visited[o] = true
-		for k := range d.waits[o] {
-			path = append(path, WaitEdge{Owner: o, Key: k})
-			if walk(d.holder[k]) {
+// walk searches the graph for paths back to target, the requester.
+type walk[K comparable] struct {
+	d      *detector[K]
+	target owner.ID
+	seen   map[owner.ID]walkState
+	path   []WaitEdge // from the holder of the requested key to target
+}
+
+// walkState is what a walk knows of an owner it has visited.
+type walkState uint8
+
+const (
+	unreached walkState = iota + 1 // being walked, or walked without reaching target
+	reached                        // reaches target
+)
+
+// blocked reports whether key's release depends on target: for an AND
+// wait any holder of key reaches target, for an OR wait every holder does.
+// When it does, w.path holds one such path.
+func (w *walk[K]) blocked(key K) bool {
+	holders := w.d.holders[key]
+	if len(holders) == 0 {
+		return false
+	}
+	if !w.d.orWaits {
+		for _, h := range holders {
+			if w.reaches(h) {
 				return true
 			}
-			path = path[:len(path)-1]
 		}
 		return false
 	}
-	if walk(holder) {
-		return path
+	start := len(w.path)
+	for i, h := range holders {
+		mark := len(w.path)
+		if !w.reaches(h) {
+			w.path = w.path[:start]
+			return false
+		}
+		if i > 0 {
+			w.path = w.path[:mark] // report one path: the first holder's
+		}
 	}
-	return nil
+	return true
 }
 
-// dropWait removes one wait of o for key. d.mu is held.
-func (d *detector[K]) dropWait(key K, o owner.ID, stillAwaited bool) {
+// reaches reports whether o is target or waits, through the graph, for
+// something only target can release, appending the edges it follows.
+func (w *walk[K]) reaches(o owner.ID) bool {
+	if o == w.target {
+		return true
+	}
+	if st, ok := w.seen[o]; ok {
+		// Walked already. On the current path it counts as not reaching:
+		// a cycle that avoids target does not block target's wait.
+		return st == reached
+	}
+	w.seen[o] = unreached
+	for k := range w.d.waits[o] {
+		w.path = append(w.path, WaitEdge{Owner: o, Key: k})
+		if w.blocked(k) {
+			w.seen[o] = reached
+			return true
+		}
+		w.path = w.path[:len(w.path)-1]
+	}
+	return false
+}
+
+// stopWaiting removes one wait of o for key: o was granted it, left the
+// queue, or the Locker closed. The caller holds key's shard mutex.
+func (d *detector[K]) stopWaiting(key K, o owner.ID) {
+	d.mu.Lock()
 	if ks := d.waits[o]; ks != nil {
 		if ks[key]--; ks[key] <= 0 {
 			delete(ks, key)
@@ -129,33 +197,43 @@ func (d *detector[K]) dropWait(key K, o owner.ID, stillAwaited bool) {
 			delete(d.waits, o)
 		}
 	}
-	if !stillAwaited {
-		delete(d.holder, key)
-	}
-}
-
-// leave records that waiter o stopped waiting for key without getting it
-// (cancelled, or the Locker closed). The caller holds key's shard mutex.
-func (d *detector[K]) leave(key K, o owner.ID, stillAwaited bool) {
-	d.mu.Lock()
-	d.dropWait(key, o, stillAwaited)
+	d.shrink()
 	d.mu.Unlock()
 }
 
-// handOff records that waiter newHolder was granted key. The caller holds
-// key's shard mutex.
-func (d *detector[K]) handOff(key K, newHolder owner.ID, stillAwaited bool) {
+// setHolders records key's holders while it is awaited, and forgets the
+// key once it is not. The caller holds key's shard mutex.
+func (d *detector[K]) setHolders(key K, holders []holder, awaited bool) {
 	d.mu.Lock()
-	d.dropWait(key, newHolder, stillAwaited)
-	if stillAwaited {
-		d.holder[key] = newHolder
+	if awaited {
+		d.setHoldersLocked(key, holders)
+	} else {
+		delete(d.holders, key)
+		d.shrink()
 	}
 	d.mu.Unlock()
+}
+
+// setHoldersLocked copies holders' owners into the graph. d.mu is held.
+func (d *detector[K]) setHoldersLocked(key K, holders []holder) {
+	owners := d.holders[key][:0]
+	for _, h := range holders {
+		owners = append(owners, h.owner)
+	}
+	d.holders[key] = owners
+}
+
+// shrink remakes the maps once both are empty after a peak large enough
+// to matter. d.mu is held.
+func (d *detector[K]) shrink() {
+	if len(d.holders) == 0 && len(d.waits) == 0 && d.peak > shrinkAt {
+		d.reset()
+	}
 }
 
 // refuseDeadlock logs and returns the error for a refused cycle.
-func (l *Locker[K]) refuseDeadlock(ctx context.Context, key K, id owner.ID, cycle []WaitEdge) (Guard[K], error) {
-	derr := &DeadlockError{Cycle: cycle, render: l.renderAny}
-	l.logger.Warn("fairlock: deadlock refused", "locker", l.name, "key", l.keyText(key), "owner", id.String(), "cycle", derr.Error())
-	return l.fail(ctx, "Lock", key, id, derr, 0)
+func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, cycle []WaitEdge) (Guard[K], error) {
+	derr := &DeadlockError{Cycle: cycle, render: t.renderAny}
+	t.logger.Warn("fairlock: deadlock refused", "locker", t.name, "key", t.keyText(key), "owner", id.String(), "cycle", derr.Error())
+	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")
 }

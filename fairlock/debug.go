@@ -3,40 +3,44 @@ package fairlock
 import (
 	"cmp"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/fairlock/fairlock/internal/registry"
 )
 
-// debugState is a Locker's debug-mode machinery: its registration with
-// package debug and its long-held watchdog.
+// debugState is a table's debug-mode machinery: its registration with
+// the debug registry and its long-held watchdog. It holds no reference to
+// the table, so that a table dropped without Close can be collected.
 type debugState struct {
-	stacks     bool
 	longHeld   time.Duration // 0: no watchdog
-	name       string        // the name package debug registered; set before the watchdog starts
 	unregister func()
 	quit       chan struct{} // closed by stop
 	done       sync.WaitGroup
 	stopOnce   sync.Once
 }
 
-// startDebug sets l.dbg, registers l with package debug and starts its
-// watchdog. l must be complete otherwise: a dump may read it at once.
-func (l *Locker[K]) startDebug(cfg config) {
-	d := &debugState{stacks: cfg.stacks, longHeld: max(cfg.longHeld, 0), quit: make(chan struct{})}
-	l.dbg = d
-	d.name, d.unregister = registry.Register(l.name, debugSource[K]{l})
+// startDebug sets t.dbg, then registers t with the debug registry under
+// t.name and starts its watchdog. t must be complete otherwise: a dump may
+// read it at once.
+func startDebug[K comparable](t *table[K], cfg config) {
+	d := &debugState{longHeld: max(cfg.longHeld, 0), quit: make(chan struct{})}
+	t.dbg = d
+	wt := weak.Make(t)
+	var registered string
+	registered, d.unregister = registry.Register(t.name, debugSource[K]{wt})
 	if d.longHeld > 0 {
 		d.done.Add(1)
-		go l.watch(d)
+		go watch(wt, d, registered)
 	}
 }
 
-// stop unregisters the Locker and waits for the watchdog to exit.
+// stop unregisters the table and waits for the watchdog to exit.
 func (d *debugState) stop() {
 	d.stopOnce.Do(func() {
 		d.unregister()
@@ -45,58 +49,76 @@ func (d *debugState) stop() {
 	})
 }
 
-// debugSource adapts a Locker to registry.Source.
-type debugSource[K comparable] struct{ l *Locker[K] }
+// debugSource adapts a table to registry.Source through a weak pointer:
+// the registry does not keep a table alive.
+type debugSource[K comparable] struct{ wt weak.Pointer[table[K]] }
 
 // rawKey is one live key as read under its shard mutex: the key itself,
 // not yet rendered (rendering may run user code, which must not run under
-// a shard mutex), with its holder and waiters.
+// a shard mutex), with its holders and waiters.
 type rawKey[K comparable] struct {
 	key   K
 	state registry.KeyState
 }
 
-// DebugState reads the Locker shard by shard. Each shard's clock is read
-// under its mutex, after every grant it shows was recorded, so no age is
-// negative. Keys are rendered after all shard mutexes are released, and
-// only the limit longest held are.
+// DebugState reads the table shard by shard. Each shard's clock is read
+// under its mutex, after every grant and arrival it shows was recorded, so
+// no age is negative. Keys are rendered after every shard mutex is
+// released, and only the limit longest held are.
 func (src debugSource[K]) DebugState(limit int) registry.LockerState {
-	l := src.l
+	t := src.wt.Value()
+	if t == nil {
+		return registry.LockerState{Kind: "Locker"} // collected between the registry's read and this call
+	}
 	st := registry.LockerState{
-		Kind:          "Locker",
-		LongHeld:      l.dbg.longHeld,
-		DoubleUnlocks: l.doubleUnlocks.Load(),
-		Reentrant:     l.reentrant.Load(),
+		Kind:          t.kind,
+		LongHeld:      t.dbg.longHeld,
+		DoubleUnlocks: t.doubleUnlocks.Load(),
+		Reentrant:     t.reentrant.Load(),
 	}
-	if l.detector != nil {
-		st.DeadlocksRefused = l.detector.refused.Load()
+	if t.kind == "Semaphore" {
+		st.Units = t.size
 	}
-	long := func(d time.Duration) bool { return l.dbg.longHeld > 0 && d > l.dbg.longHeld }
+	if t.detector != nil {
+		st.DeadlocksRefused = t.detector.refused.Load()
+	}
+	long := func(d time.Duration) bool { return t.dbg.longHeld > 0 && d > t.dbg.longHeld }
 	var raw []rawKey[K]
-	for i := range l.shards {
-		s := &l.shards[i]
+	for i := range t.shards {
+		s := &t.shards[i]
 		s.lock()
 		now := time.Now()
 		st.Keys += s.live
 		st.Waiters += s.waiting
 		for e := range s.entries() {
-			held := now.Sub(e.hold.grantedAt)
 			k := registry.KeyState{
-				Mode:     registry.Exclusive,
-				HeldFor:  held,
-				LongHeld: long(held),
-				Holders: []registry.HolderState{{
-					Owner: e.holder.String(), Token: e.gen, Since: e.hold.grantedAt,
-					For: held, LongHeld: long(held), Stack: frames(e.hold.stack),
-				}},
+				Holders: make([]registry.HolderState, 0, len(e.holders)),
 				Waiters: make([]registry.WaiterState, 0, e.waiters.Len()),
 			}
+			for _, h := range e.holders {
+				hs := registry.HolderState{Owner: h.owner.String(), Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
+				hs.For = now.Sub(hs.Since)
+				hs.LongHeld = long(hs.For)
+				if t.kind == "Semaphore" {
+					hs.Units = h.units
+					k.Units += h.units
+				}
+				k.Mode = t.mode(h.units, false)
+				k.HeldFor = max(k.HeldFor, hs.For)
+				k.Holders = append(k.Holders, hs)
+			}
+			k.LongHeld = long(k.HeldFor)
 			for w := range e.waiters.All() {
-				age := now.Sub(w.Value.since)
-				k.Waiters = append(k.Waiters, registry.WaiterState{
-					Owner: w.Value.owner.String(), Mode: registry.Exclusive, Since: w.Value.since,
-					For: age, LongWait: long(age), Stack: frames(w.Value.stack),
-				})
+				ws := registry.WaiterState{
+					Owner: w.Value.owner.String(), Mode: t.mode(w.Value.units, w.Value.turn),
+					Since: w.Value.now, Stack: frames(w.Value.stack),
+				}
+				if t.kind == "Semaphore" {
+					ws.Units = w.Value.units
+				}
+				ws.For = now.Sub(ws.Since)
+				ws.LongWait = long(ws.For)
+				k.Waiters = append(k.Waiters, ws)
 			}
 			raw = append(raw, rawKey[K]{e.key, k})
 		}
@@ -111,11 +133,25 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 	st.Held = make([]registry.KeyState, len(raw))
 	for i, r := range raw {
 		st.Held[i] = r.state
-		st.Held[i].Key = l.keyText(r.key)
+		st.Held[i].Key = t.keyText(r.key)
 	}
 	st.Held, _ = registry.Keep(st.Held, 0)
 	st.Omitted = st.Keys - len(st.Held)
 	return st
+}
+
+// mode names the mode of a holder or waiter of units (turn: a Wait).
+func (t *table[K]) mode(units int64, turn bool) string {
+	switch {
+	case turn:
+		return registry.Wait
+	case t.kind == "Semaphore":
+		return registry.Units
+	case units == lockerUnits:
+		return registry.Exclusive
+	default:
+		return registry.Shared
+	}
 }
 
 // frames formats a recorded stack as "function file:line" lines.
@@ -140,44 +176,55 @@ type warning[K comparable] struct {
 	msg    string
 	key    K
 	owner  string
+	mode   string
+	token  uint64 // of a grant; 0 for a waiter
 	age    time.Duration
-	holder string // for a long wait: who holds the key
 	stack  []uintptr
+	wait   bool   // a long wait, not a long hold
+	holder string // for a long wait: the key's oldest holder
 }
 
 // watch is the watchdog goroutine: every period it warns about holders and
 // waiters that passed longHeld, 2·longHeld, 4·longHeld… since their grant
-// or arrival. It exits when d.quit is closed.
-func (l *Locker[K]) watch(d *debugState) {
+// or arrival. It holds its table only for the length of a tick, and exits
+// when d.quit is closed or the table is gone.
+func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) {
 	defer d.done.Done()
 	period := min(max(d.longHeld/4, time.Millisecond), time.Second)
-	t := time.NewTicker(period)
-	defer t.Stop()
+	ticker := time.NewTicker(period)
+	defer ticker.Stop()
 	var warnings []warning[K]
 	for {
 		select {
 		case <-d.quit:
 			return
-		case now := <-t.C:
-			warnings = l.overdue(now, d.longHeld, warnings[:0])
+		case <-ticker.C:
+			t := wt.Value()
+			if t == nil {
+				return
+			}
+			warnings = t.overdue(d.longHeld, warnings[:0])
 			for _, w := range warnings {
-				args := []any{"locker", d.name, "key", l.keyText(w.key)}
-				if w.holder == "" {
-					args = append(args, "holder", w.owner, "held_for", w.age)
+				args := []any{"locker", name, "key", t.keyText(w.key), "mode", w.mode}
+				if !w.wait {
+					args = append(args, "holder", w.owner, "token", w.token, "held_for", w.age)
 				} else {
 					args = append(args, "waiter", w.owner, "waited", w.age, "holder", w.holder)
 				}
 				if len(w.stack) > 0 {
 					args = append(args, "stack", strings.Join(frames(w.stack), "\n"))
 				}
-				l.logger.Warn(w.msg, args...)
+				t.logger.Warn(w.msg, args...)
 			}
+			clear(warnings) // hold no keys between ticks
 		}
 	}
 }
 
-// overdue collects the warnings due at now, marking each as given.
-func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning[K]) []warning[K] {
+// overdue collects the warnings due now, marking each as given. It visits
+// only the shards whose bit in t.liveShards is set, so an idle table costs
+// a read of one word per 64 shards.
+func (t *table[K]) overdue(limit time.Duration, out []warning[K]) []warning[K] {
 	due := func(age time.Duration, warned *uint) bool {
 		// The n'th warning is due at limit<<(n-1); skip past thresholds a
 		// slow tick missed so one tick gives at most one warning.
@@ -189,20 +236,28 @@ func (l *Locker[K]) overdue(now time.Time, limit time.Duration, out []warning[K]
 		}
 		return true
 	}
-	for i := range l.shards {
-		s := &l.shards[i]
-		s.lock()
-		for e := range s.entries() {
-			if age := now.Sub(e.hold.grantedAt); due(age, &e.hold.warned) {
-				out = append(out, warning[K]{msg: "fairlock: lock held too long", key: e.key, owner: e.holder.String(), age: age, stack: e.hold.stack})
-			}
-			for w := range e.waiters.All() {
-				if age := now.Sub(w.Value.since); due(age, &w.Value.warned) {
-					out = append(out, warning[K]{msg: "fairlock: waiting too long", key: e.key, owner: w.Value.owner.String(), age: age, holder: e.holder.String(), stack: w.Value.stack})
+	for wi := range t.liveShards {
+		for word := t.liveShards[wi].Load(); word != 0; word &= word - 1 {
+			s := &t.shards[wi*64+bits.TrailingZeros64(word)]
+			s.lock()
+			now := time.Now()
+			for e := range s.entries() {
+				for _, h := range e.holders {
+					if age := now.Sub(h.info.since); due(age, &h.info.warned) {
+						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: e.key, owner: h.owner.String(),
+							mode: t.mode(h.units, false), token: h.token, age: age, stack: h.info.stack})
+					}
+				}
+				for w := range e.waiters.All() {
+					if age := now.Sub(w.Value.now); due(age, &w.Value.warned) {
+						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: e.key, owner: w.Value.owner.String(),
+							mode: t.mode(w.Value.units, w.Value.turn), age: age, stack: w.Value.stack,
+							wait: true, holder: e.holders[0].owner.String()}) // a waiter queues behind a holder
+					}
 				}
 			}
+			s.unlock()
 		}
-		s.unlock()
 	}
 	return out
 }

@@ -27,15 +27,21 @@ var (
 	// (Go maps treat NaN keys the same way), so its Unlock could not
 	// release it; Lock and TryLock refuse it at once instead.
 	ErrInvalidKey = errors.New("fairlock: invalid key: not equal to itself (a NaN)")
+	// ErrInvalidWeight: Semaphore.Acquire or TryAcquire asked for fewer
+	// than 1 unit or more than the Semaphore's n, which no grant could
+	// ever satisfy.
+	ErrInvalidWeight = errors.New("fairlock: invalid weight: want 1 to the semaphore's units")
 )
 
-// LockError is the error Lock, TryLock and LockMany return. It names the
-// operation, the key and the owner, and unwraps to a sentinel
-// (ErrReentrant, ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey) or
-// to the context's error (context.Canceled, context.DeadlineExceeded, or a
-// cause set with context.WithCancelCause).
+// LockError is the error every call of a Locker or Semaphore returns. It
+// names the operation, the key and the owner, and unwraps to a sentinel
+// (ErrReentrant, ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey,
+// ErrInvalidWeight) or to the context's error (context.Canceled,
+// context.DeadlineExceeded, or a cause set with context.WithCancelCause).
 type LockError struct {
-	Op    string   // "Lock", "TryLock" or "LockMany"
+	// Op is the call: "Lock", "TryLock", "RLock", "TryRLock", "Wait",
+	// "Acquire", "TryAcquire" or "LockMany".
+	Op    string
 	Key   any      // the key the call was for; nil for LockMany with no keys
 	Owner owner.ID // the caller's owner
 	Err   error    // the sentinel or context error
@@ -102,6 +108,8 @@ func resultOf(err error) Result {
 		return Deadlock
 	case errors.Is(err, ErrInvalidKey):
 		return InvalidKey
+	case errors.Is(err, ErrInvalidWeight):
+		return InvalidWeight
 	case errors.Is(err, context.DeadlineExceeded):
 		return DeadlineExceeded
 	default:

@@ -34,7 +34,8 @@ func (m MultiGuard[K]) Keys() []K {
 	return keys
 }
 
-// LockMany locks every key in keys for the owner of ctx, all or nothing.
+// LockMany locks every key in keys exclusively for the owner of ctx, all
+// or nothing.
 // Duplicate keys are locked once. Keys are taken one at a time in
 // ascending order, each with Lock, so that any two LockMany calls on the
 // same Locker can never deadlock each other: the classic resource-ordering
@@ -86,10 +87,10 @@ func (l *Locker[K]) lockNone(ctx context.Context) error {
 	var err error
 	if ctx.Err() != nil {
 		err = contextError(ctx)
-	} else if l.closing.Load() {
+	} else if l.t.closing.Load() {
 		err = ErrClosed
 	} else {
 		return nil
 	}
-	return &LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err}
+	return &LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err, render: l.t.renderAny}
 }

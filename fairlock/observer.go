@@ -2,7 +2,8 @@ package fairlock
 
 import "time"
 
-// Result is the outcome of a Lock or TryLock, as reported to an Observer.
+// Result is the outcome of a call that asks for a key (Lock, TryLock,
+// RLock, TryRLock, Acquire, TryAcquire), as reported to an Observer.
 type Result uint8
 
 // The results, one per kind of return. Their String values are the
@@ -16,12 +17,13 @@ const (
 	Closed                         // ErrClosed
 	Deadlock                       // ErrDeadlock
 	InvalidKey                     // ErrInvalidKey
+	InvalidWeight                  // ErrInvalidWeight
 	numResults
 )
 
 var resultNames = [numResults]string{
 	"acquired", "reentrant", "canceled", "deadline_exceeded", "would_block", "closed", "deadlock",
-	"invalid_key",
+	"invalid_key", "invalid_weight",
 }
 
 // String returns the result's metric attribute value, such as "acquired".
@@ -42,33 +44,38 @@ func Results() []Result {
 	return rs
 }
 
-// Stats is a Locker's live counts at one instant.
+// Stats is a Locker's or Semaphore's live counts at one instant.
 type Stats struct {
-	Keys    int // keys with a holder (every live key has one)
+	Keys    int // keys with a holder (every awaited key has one)
 	Waiters int // queued waiters over all keys
 }
 
-// An Observer receives a Locker's metrics. New calls Register once per
-// Locker built WithObserver; one Observer may serve many Lockers. Package
-// otelmetrics implements it for OpenTelemetry.
+// An Observer receives the metrics of Lockers and Semaphores. New and
+// NewSemaphore call Register once per Locker or Semaphore built
+// WithObserver, after it is fully built; one Observer may serve many.
+// Package otelmetrics implements it for OpenTelemetry.
 type Observer interface {
-	// Register returns the recorder for the Locker named name. stats reads
-	// the Locker's live counts; it takes each shard mutex in turn, so call
-	// it from a metrics collection callback, not per operation.
+	// Register returns the recorder for the Locker or Semaphore named
+	// name. stats reads its live counts; it takes each shard mutex in
+	// turn, so call it from a metrics collection callback, not per
+	// operation. stats holds only a weak reference: once the Locker is
+	// unreachable it reports zero counts.
 	Register(name string, stats func() Stats) LockerObserver
 }
 
-// A LockerObserver records one Locker's events. Its methods are called
-// after the Locker released its internal mutexes, from the goroutine that
-// made the call, and must not call back into the Locker. They must be safe
-// for concurrent use and should not allocate.
+// A LockerObserver records one Locker's or Semaphore's events. Its
+// methods are called after the internal mutexes are released, from the
+// goroutine that made the call, and must not call back into the Locker.
+// They must be safe for concurrent use and should not allocate.
 type LockerObserver interface {
-	// Acquire reports the result of one Lock or TryLock and how long the
-	// call waited in the key's queue (0 for a call that never queued).
+	// Acquire reports the result of one call that asks for a key (Lock,
+	// TryLock, RLock, TryRLock, Acquire, TryAcquire; not Wait, which
+	// acquires nothing) and how long it waited in the key's queue (0 for a
+	// call that never queued).
 	Acquire(r Result, wait time.Duration)
-	// Release reports one Unlock and how long the key was held.
+	// Release reports one Unlock and how long that grant was held.
 	Release(hold time.Duration)
-	// Unregister is called once by Locker.Close: stats must not be called
-	// after it returns.
+	// Unregister is called once, by Close or, for a Locker dropped without
+	// Close, by its cleanup: stats must not be called after it returns.
 	Unregister()
 }

@@ -6,11 +6,12 @@ import (
 	"time"
 )
 
-// An Option configures a Locker in New.
+// An Option configures a Locker in New or a Semaphore in NewSemaphore;
+// each means the same for both.
 type Option func(*config)
 
-// config is every setting of a Locker; defaults are set in one place,
-// defaultConfig.
+// config is every setting of a Locker or Semaphore; defaults are set in
+// one place, defaultConfig.
 type config struct {
 	name      string
 	shards    int
@@ -29,13 +30,12 @@ func defaultConfig() config {
 
 // defaultShards is eight shards per P and at least 64, rounded up to a
 // power of two, so that goroutines on distinct keys rarely meet on a shard
-// mutex (with 2 Ps and 8 shards, BenchmarkParallelDistinct spent a sixth
-// of its time spinning in it).
+// mutex.
 func defaultShards() int { return ceilPow2(max(64, 8*runtime.GOMAXPROCS(0))) }
 
-// maxShards caps WithShards: 65536 shards of string keys take about 21 MB
-// before any key is locked, and already spread tens of thousands of keys in
-// flight at once with little contention.
+// maxShards caps WithShards: 65536 shards already spread tens of thousands
+// of keys in flight at once with little contention, and each costs memory
+// before any key is locked.
 const maxShards = 1 << 16
 
 // ceilPow2 returns the least power of two at least n, at most maxShards.
@@ -49,17 +49,19 @@ func ceilPow2(n int) int {
 
 // WithName names the Locker in debug output (package debug) and in the
 // fairlock.locker metric attribute. Without it a Locker is named
-// "fairlock-N", N counting the lockers made by this process from 1.
-// Names need not be unique; the debug registry suffixes duplicates.
+// "fairlock-N", N counting the Lockers and Semaphores made by this process
+// from 1. Names need not be unique; the debug registry suffixes
+// duplicates.
 func WithName(name string) Option { return func(c *config) { c.name = name } }
 
-// WithShards sets the number of map shards a Locker spreads its keys over.
-// n is rounded up to a power of two, and capped at 65536; n < 1 means the
-// default, eight shards per GOMAXPROCS and at least 64. More shards cost
-// memory (328 bytes each for string keys on 64-bit platforms, allocated by
-// New, plus up to 16 recycled entries of about 80 bytes once keys have been
-// locked there) and make Len, Snapshot and Close walk more; fewer make
-// goroutines on unrelated keys contend on the same shard mutex.
+// WithShards sets the number of shards a Locker spreads its keys over. n
+// is rounded up to a power of two, and capped at 65536; n < 1 means the
+// default, eight shards per GOMAXPROCS and at least 64. New allocates the
+// shards at once (360 bytes each for string keys on 64-bit platforms), and
+// each keeps up to 16 recycled key entries (80 bytes each for string keys)
+// once keys have been locked there. More shards make Len, Snapshot and
+// Close walk more; fewer make goroutines on unrelated keys contend on the
+// same shard mutex.
 func WithShards(n int) Option {
 	return func(c *config) {
 		if n < 1 {
@@ -73,39 +75,39 @@ func WithShards(n int) Option {
 // WithObserver sets the hook that receives the Locker's metrics (see
 // Observer; package otelmetrics implements it for OpenTelemetry). A nil
 // Observer means none. With an observer every call takes the shard mutex
-// (no lock-free path: the observer needs each grant's time) and each
-// acquisition and release reads the clock once more; the Locker allocates
-// nothing per operation. With package otelmetrics recording to the
-// OpenTelemetry SDK, an uncontended Lock+Unlock took 488 ns on our CI
-// machine, against 24 ns without (otelmetrics' BenchmarkLockUnlock;
-// docs/performance.md, "Library benchmarks").
+// (the lock-free path is off: the observer needs each grant's time) and
+// reads the clock at the grant and at the release, and the Observer's
+// methods run on every call; the Locker itself allocates nothing per call
+// for it. docs/performance.md gives the cost with otelmetrics and the
+// OpenTelemetry SDK.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
 // WithDebug registers the Locker with package debug while it is open and
-// records, for each held key, the holder and the time of the grant, and
-// for each waiter its owner and arrival time. Every call then takes the
-// shard mutex (no lock-free path: debug needs each grant's time) and reads
-// the clock at the grant and the release: an uncontended Lock+Unlock took
-// 131 ns on our CI machine, against 24 ns without debug
-// (docs/performance.md, "Library benchmarks"). It allocates nothing on the
-// uncontended path; see docs/debugging.md.
+// records, for each grant, its holder, token and time, and for each waiter
+// its owner, mode and arrival time. Every call then takes the shard mutex
+// (the lock-free path is off: debug needs each grant's time) and reads the
+// clock at the grant and the release; the uncontended path still
+// allocates nothing once warm. See docs/debugging.md, and
+// docs/performance.md for the cost.
 func WithDebug() Option { return func(c *config) { c.debug = true } }
 
-// WithStacks records the stack of every Lock and TryLock call (up to 32
-// frames) and shows the holder's acquiring stack, and each waiter's, in
-// debug output and warnings. It implies WithDebug. Capturing a stack costs
-// about half a microsecond and one 256-byte allocation per call: use it
-// while hunting a bug.
+// WithStacks records the stack of every call that asks for a key (up to 32
+// frames) and shows each holder's acquiring stack, and each waiter's, in
+// debug output and warnings. It implies WithDebug. Capturing a stack is a
+// runtime.Callers walk and one 256-byte allocation per call: use it while
+// hunting a bug.
 func WithStacks() Option {
 	return func(c *config) { c.debug, c.stacks = true, true }
 }
 
-// WithLongHeld makes the Locker warn through its logger when a key has been
-// held for longer than d, and again at 2d, 4d, 8d… while it stays held; a
-// waiter queued longer than d is reported the same way. Debug output flags
-// such keys. It implies WithDebug and starts one watchdog goroutine that
-// wakes every d/4 (at least every millisecond, at most every second) and
-// stops on Close. d <= 0 turns the watchdog off.
+// WithLongHeld makes the Locker warn through its logger when a grant has
+// been held for longer than d, and again at 2d, 4d, 8d… while it stays
+// held; a waiter queued longer than d is reported the same way. Debug
+// output flags such keys. It implies WithDebug and starts one watchdog
+// goroutine that wakes every d/4 (at least every millisecond, at most every
+// second) and stops on Close. Each wake-up visits only the shards that
+// have live keys, so an idle Locker's watchdog costs next to nothing
+// however many shards it has. d <= 0 turns the watchdog off.
 func WithLongHeld(d time.Duration) Option {
 	return func(c *config) { c.debug, c.longHeld = true, d }
 }
@@ -115,10 +117,11 @@ func WithLongHeld(d time.Duration) Option {
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithDeadlockDetection keeps a wait-for graph of owners (an owner waits
-// for a key, the key's holder is another owner) and makes Lock return an
-// error wrapping ErrDeadlock, also a *DeadlockError naming the cycle, when
-// waiting would close a cycle. Only Lock calls that must wait pay for it:
-// one extra mutex and a graph walk. See docs/deadlocks.md for its limits.
+// for a key, the key's holders are owners) and makes a call that would
+// wait return an error wrapping ErrDeadlock, also a *DeadlockError naming
+// the cycle, when waiting would close a cycle. Every holder counts, shared
+// ones included. Only calls that must wait pay for it: one extra mutex and
+// a graph walk. See docs/deadlocks.md for its limits.
 func WithDeadlockDetection() Option { return func(c *config) { c.deadlocks = true } }
 
 // WithKeyFormatter sets how the Locker renders keys in errors, debug

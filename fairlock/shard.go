@@ -12,9 +12,8 @@ import (
 
 // inlineSlots is how many live keys a shard keeps in arrays of its own
 // before it spills into a map. Most shards of a busy Locker hold zero to a
-// few live keys at any instant, so the uncontended path finds, adds and
-// removes its key in the shard's own cache lines, without a map operation
-// (uncontended Lock+Unlock in benchmarks/ compare: 86 ns → 68 ns).
+// few live keys at any instant, so the mutex side finds, adds and removes
+// a key by scanning one cache line of tags, without a map operation.
 const inlineSlots = 8
 
 // shard is one slice of the key space: a state word for the lock-free fast
@@ -23,18 +22,21 @@ const inlineSlots = 8
 type shard[K comparable] struct {
 	// state is the shard's mode and fast grant: see the fast path below.
 	state atomic.Uint64
-	// fastKey and fastOwner are the fast holder's key and owner. The fast
-	// claimant writes them between its claiming CAS and the Store that
-	// publishes them; others read them only after seeing that Store. A
-	// fast Unlock leaves them in place (clearing them would race the next
-	// claim), so a shard keeps a reference to its last fast key until the
-	// next claim or inflate: at most one key per shard.
+	// fastKey, fastOwner and fastUnits are the fast holder's key, owner
+	// and units. The fast claimant writes them between its claiming CAS
+	// and the Store that publishes them; others read them only after
+	// seeing that Store. A fast Unlock leaves them in place (clearing them
+	// would race the next claim), so a shard keeps a reference to its last
+	// fast key until the next claim or inflate: at most one key per shard.
 	fastKey   K
 	fastOwner owner.ID
+	fastUnits int64
 
-	l    *Locker[K]
-	fast bool // the Locker takes the fast path: no debug or observer
-	mu   sync.Mutex
+	t      *table[K]
+	fast   bool   // the table takes the fast path: no debug or observer
+	closed bool   // guarded by mu: Close has run over this shard
+	idx    uint32 // the shard's index in t.shards
+	mu     sync.Mutex
 
 	live     int                    // guarded by mu: live keys, inline and overflow
 	tags     [inlineSlots]uint64    // guarded by mu: hash|1 of slots[i]'s key; 0 for an empty slot
@@ -42,10 +44,11 @@ type shard[K comparable] struct {
 	overflow map[K]*entry[K]        // guarded by mu: live keys beyond the slots; nil until needed
 	peak     int                    // guarded by mu: most overflow keys since overflow was made
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
+	infos    infoFree               // guarded by mu: recycled holdInfos (timed tables)
 	waiting  int                    // guarded by mu: waiters over all entries
-	gen      uint64                 // guarded by mu: last grant generation handed out (in slow mode)
-	handOffs uint64                 // guarded by mu: grants passed from a holder to a waiter
-	closed   bool                   // guarded by mu: Close has run over this shard
+	gen      uint64                 // guarded by mu: last grant token handed out (in slow mode)
+	handOffs uint64                 // guarded by mu: grant passes that decided a waiter
+	parks    uint64                 // guarded by mu: waiters queued, for refreshing procs
 	_        [64]byte
 }
 
@@ -53,63 +56,93 @@ type shard[K comparable] struct {
 //
 // A shard is in one of two modes, told by its state word. In fast mode no
 // key of the shard has an entry and at most one key is held, by a fast
-// grant: Lock claims an idle shard with one compare-and-swap and Unlock
-// frees it with another, without the mutex. In slow mode (slowBit) the
-// mutex-guarded entries are the whole truth and the state word is left
-// alone. Anything other than an uncontended grant on an idle shard (a second
-// key on the shard, a waiter, TryLock refused, Locked, Close) takes the
-// mutex and switches the shard to slow mode first, turning a fast grant
-// into an ordinary entry (inflate). The shard returns to fast mode when the
-// mutex holder leaves it with no live key (unlock).
+// grant: Lock, RLock or Acquire claims an idle shard with one
+// compare-and-swap and Unlock frees it with another, without the mutex. In
+// slow mode (slowBit) the mutex-guarded entries are the whole truth and the
+// state word is left alone. Anything other than an uncontended grant on an
+// idle shard (a second key on the shard, a second holder or a waiter,
+// TryLock refused, Locked, Close) takes the mutex and switches the shard
+// to slow mode first, turning a fast grant into an ordinary entry
+// (inflate). The shard returns to fast mode when the mutex holder leaves
+// it with no live key (unlock).
 //
-// The word holds the generation of the shard's last grant above three flag
-// bits, so a Guard of a fast grant ({shard, generation}) frees the shard
-// only while that very grant is current, as an entry's generation does for
-// slow grants. Generations are one counter for both modes: s.gen takes over
-// the word's generation on inflate and hands it back on unlock. 61 bits of
-// generation do not wrap in the life of a process.
+// The word holds the token of the shard's last grant above three flag
+// bits, so a Guard of a fast grant ({shard, token}) frees the shard only
+// while that very grant is current, as a holder's token does for slow
+// grants. Tokens are one counter for both modes: s.gen takes over the
+// word's on inflate and hands it back on unlock, so every grant of a key,
+// in either mode, has a larger token than the grants before it. 61 bits
+// of token do not wrap in the life of a process.
 //
-// Publishing the fast holder's key and owner takes a third atomic
+// Publishing the fast holder's key, owner and units takes a third atomic
 // operation (claim with claimingBit, write, Store without it): they cannot
 // be written before the claim, where racing claimants would overwrite each
-// other, and Go has no cheaper release-only store. Lock and Unlock without
-// contention thus cost three atomic operations and no mutex, where taking
-// the shard mutex twice costs four plus an entry's bookkeeping (benchmarks/
-// compare on the 2-core CI machine: 68 ns before, 26 ns with the fast
-// path). A mutex holder that finds a claim in progress yields until it is
-// published: the claimant is between two stores.
+// other, and Go has no cheaper release-only store. A mutex holder that
+// finds a claim in progress backs off until it is published (lock).
 //
-// Fast grants are used only when nothing needs more than the holder's key
-// and owner: Lockers with debug or an observer (which need each grant's
-// time) keep every shard in slow mode for good. Deadlock detection does not
-// need more: its wait-for graph has edges only for awaited keys, and a
-// waiter inflates the fast grant, learning its holder, before it asks.
+// Fast grants are used only when nothing needs more than the holder's key,
+// owner and units: tables with debug or an observer (which need each
+// grant's time) keep every shard in slow mode for good. Deadlock detection
+// does not need more: its wait-for graph has edges only for awaited keys,
+// and a waiter inflates the fast grant, learning its holder, before it
+// asks.
 const (
 	heldBit     = 1 << 0 // fast mode: a fast grant holds the shard
-	claimingBit = 1 << 1 // with heldBit: fastKey and fastOwner not yet published
+	claimingBit = 1 << 1 // with heldBit: fastKey, fastOwner, fastUnits not yet published
 	slowBit     = 1 << 2 // slow mode: the mutex-guarded entries are the truth
-	genShift    = 3      // the generation sits above the flags
+	genShift    = 3      // the token sits above the flags
 )
+
+// claim grants key to id for units on an idle shard in fast mode; it
+// reports false, having changed nothing, if the shard is not idle in fast
+// mode or another claim won.
+func (s *shard[K]) claim(key K, id owner.ID, units int64) (token uint64, ok bool) {
+	st := s.state.Load()
+	if st&(heldBit|slowBit) != 0 {
+		return 0, false
+	}
+	token = st>>genShift + 1
+	if !s.state.CompareAndSwap(st, token<<genShift|heldBit|claimingBit) {
+		return 0, false
+	}
+	s.fastKey, s.fastOwner, s.fastUnits = key, id, units
+	s.state.Store(token<<genShift | heldBit) // publish
+	return token, true
+}
 
 // lock takes s.mu and puts s in slow mode, inflating a fast grant into an
 // entry. Every mutex-side operation starts with it and ends with unlock.
+//
+// A claim caught between its two stores is waited for: by yielding first,
+// since the claimant is usually running and two stores from done, then,
+// if it was preempted there, by sleeping with exponential back-off, so that
+// a descheduled claimant costs its shard's other callers latency but no
+// CPU.
 func (s *shard[K]) lock() {
-	for {
+	for tries := 0; ; tries++ {
 		s.mu.Lock()
 		if s.inflate() {
 			return
 		}
-		// A fast claim is between its CAS and its publishing Store.
 		s.mu.Unlock()
 		if testHookClaimWait != nil {
 			testHookClaimWait()
 		}
-		runtime.Gosched()
+		if tries < claimYields {
+			runtime.Gosched()
+		} else {
+			time.Sleep(time.Microsecond << min(tries-claimYields, maxClaimBackoff))
+		}
 	}
 }
 
-// testHookClaimWait, if set by a test, runs each time lock yields to a fast
-// claim in progress.
+const (
+	claimYields     = 4  // yields before lock sleeps on an unpublished claim
+	maxClaimBackoff = 10 // longest sleep: 1µs << 10
+)
+
+// testHookClaimWait, if set by a test, runs each time lock backs off from
+// a fast claim in progress.
 var testHookClaimWait func()
 
 // inflate switches s to slow mode; s.mu is held. It reports false if a fast
@@ -123,15 +156,16 @@ func (s *shard[K]) inflate() bool {
 		case st&claimingBit != 0:
 			return false
 		case st&heldBit != 0:
-			gen := st >> genShift
-			if !s.state.CompareAndSwap(st, gen<<genShift|slowBit) {
+			token := st >> genShift
+			if !s.state.CompareAndSwap(st, token<<genShift|slowBit) {
 				continue // the fast holder unlocked meanwhile
 			}
 			// The holder's Unlock now fails its CAS and comes to the mutex.
-			s.gen = gen
+			s.gen = token
 			e := s.newEntry(s.fastKey)
-			e.grant(s.fastOwner, gen, time.Time{}, nil)
-			s.insert(e, s.l.tagOf(e.key))
+			e.holders = append(e.holders, holder{owner: s.fastOwner, token: token, units: s.fastUnits})
+			e.used = s.fastUnits
+			s.insert(e, s.t.tagOf(e.key))
 			var zero K
 			s.fastKey, s.fastOwner = zero, 0 // keep no reference to the key
 			return true
@@ -152,6 +186,15 @@ func (s *shard[K]) unlock() {
 	s.mu.Unlock()
 }
 
+// infoPool returns the shard's holdInfo free list on a timed table, nil
+// otherwise.
+func (s *shard[K]) infoPool() *infoFree {
+	if !s.t.timed {
+		return nil
+	}
+	return &s.infos
+}
+
 // newEntry takes a recycled entry, or a new one, for key. s.mu is held.
 func (s *shard[K]) newEntry(key K) *entry[K] {
 	var e *entry[K]
@@ -160,9 +203,6 @@ func (s *shard[K]) newEntry(key K) *entry[K] {
 		s.free = s.free[:n-1]
 	} else {
 		e = new(entry[K])
-		if s.l.timed {
-			e.hold = new(holdInfo)
-		}
 	}
 	e.key = key
 	return e
@@ -170,6 +210,10 @@ func (s *shard[K]) newEntry(key K) *entry[K] {
 
 const (
 	maxFree = 16 // recycled entries kept per shard
+	// maxKeptHolders: a recycled entry keeps its holders slice only up to
+	// this capacity, so a key once read by many does not keep memory at
+	// that peak.
+	maxKeptHolders = 8
 	// shrinkAt: an overflow map that grew past this many keys is dropped
 	// once it empties, since Go maps never shrink.
 	shrinkAt = 1024
@@ -190,7 +234,9 @@ func (s *shard[K]) find(key K, tag uint64) *entry[K] {
 
 // insert adds e, whose key has no entry yet. s.mu is held.
 func (s *shard[K]) insert(e *entry[K], tag uint64) {
-	s.live++
+	if s.live++; s.live == 1 {
+		s.t.markLive(s.idx, true)
+	}
 	for i := range s.tags {
 		if s.tags[i] == 0 {
 			s.tags[i], s.slots[i], e.slot = tag, e, i
@@ -205,16 +251,29 @@ func (s *shard[K]) insert(e *entry[K], tag uint64) {
 	s.peak = max(s.peak, len(s.overflow))
 }
 
-// delete removes e. s.mu is held.
-func (s *shard[K]) delete(e *entry[K]) {
-	s.live--
+// remove deletes the idle entry e and recycles it. s.mu is held.
+func (s *shard[K]) remove(e *entry[K]) {
+	if s.live--; s.live == 0 {
+		s.t.markLive(s.idx, false)
+	}
 	if e.slot >= 0 {
 		s.tags[e.slot], s.slots[e.slot] = 0, nil
-		return
+	} else {
+		delete(s.overflow, e.key)
+		if len(s.overflow) == 0 && s.peak > shrinkAt {
+			s.overflow, s.peak = nil, 0
+		}
 	}
-	delete(s.overflow, e.key)
-	if len(s.overflow) == 0 && s.peak > shrinkAt {
-		s.overflow, s.peak = nil, 0
+	holders := e.holders[:0]
+	if cap(holders) > maxKeptHolders {
+		holders = nil
+	}
+	*e = entry[K]{holders: holders}
+	if len(s.free) < maxFree {
+		s.free = append(s.free, e)
+	}
+	if s.live == 0 && s.closed {
+		s.t.shardDrained()
 	}
 }
 

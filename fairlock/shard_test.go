@@ -48,7 +48,7 @@ func TestFastModeRoundTrip(t *testing.T) {
 
 func fastModeRoundTrip(t *testing.T, l *Locker[string]) {
 	ctx := context.Background()
-	s := &l.shards[0]
+	s := &l.t.shards[0]
 	wantMode(t, s, "fast-idle", "new Locker")
 
 	var gens []uint64
@@ -124,7 +124,7 @@ func TestSlowModeForGood(t *testing.T) {
 		"closed":   nil,
 	} {
 		l := New[string](append(opts, WithShards(1))...)
-		s := &l.shards[0]
+		s := &l.t.shards[0]
 		if name == "closed" {
 			if err := l.Close(ctx); err != nil {
 				t.Fatal(err)
@@ -153,7 +153,7 @@ func TestSlowModeForGood(t *testing.T) {
 func TestLockManyNoKeysLeavesFastGrant(t *testing.T) {
 	ctx := context.Background()
 	l := New[string](WithShards(1))
-	s := &l.shards[0]
+	s := &l.t.shards[0]
 	g, err := l.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestLockManyNoKeysLeavesFastGrant(t *testing.T) {
 // sees the claim's key and owner. The claim is staged by hand.
 func TestMutexSideWaitsForClaim(t *testing.T) {
 	l := New[string](WithShards(1))
-	s := &l.shards[0]
+	s := &l.t.shards[0]
 	const gen = 7
 	s.state.Store(gen<<genShift | heldBit | claimingBit)
 
@@ -231,7 +231,7 @@ func TestWithShardsRoundsUpAndCaps(t *testing.T) {
 		{1 << 40, maxShards}, {1<<62 + 1, maxShards}, {math.MaxInt, maxShards},
 	} {
 		l := New[string](WithShards(c.n))
-		if got := len(l.shards); got != c.want {
+		if got := len(l.t.shards); got != c.want {
 			t.Errorf("WithShards(%d): %d shards, want %d", c.n, got, c.want)
 		}
 		g, err := l.Lock(context.Background(), "k")
@@ -248,7 +248,7 @@ func TestWithShardsRoundsUpAndCaps(t *testing.T) {
 // TestShardSize keeps WithShards' documented cost per shard true. The
 // comment gives the size on 64-bit platforms, so only they check it.
 func TestShardSize(t *testing.T) {
-	if got := unsafe.Sizeof(shard[string]{}); unsafe.Sizeof(uintptr(0)) == 8 && got != 328 {
-		t.Fatalf("shard[string] is %d bytes; WithShards' comment says 328", got)
+	if got := unsafe.Sizeof(shard[string]{}); unsafe.Sizeof(uintptr(0)) == 8 && got != 360 {
+		t.Fatalf("shard[string] is %d bytes; WithShards' comment says 360", got)
 	}
 }

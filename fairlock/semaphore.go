@@ -1,0 +1,94 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+)
+
+// Semaphore is a keyed weighted semaphore: every key has n units, and each
+// Acquire takes some of a key's units until its Guard's Unlock gives them
+// back. Make one with NewSemaphore; the zero Semaphore is not usable, and a
+// Semaphore must not be copied after first use. All methods are safe for
+// concurrent use.
+//
+// It is head-of-line FIFO, like golang.org/x/sync/semaphore: grants on a
+// key follow arrival order, and a request at the head that does not fit
+// blocks the smaller ones behind it, which could fit, until it is granted
+// or leaves. This keeps large requests from starving behind a stream of
+// small ones. A request that leaves the queue (its context ends) re-runs
+// the grant for those behind it, the case golang/go#63615 fixed in x/sync.
+//
+// Options mean what they mean for a Locker: name, shards, debug, stacks,
+// long-held warnings, logger, observer and deadlock detection. For deadlock
+// detection a Semaphore waiter is blocked for good only if every holder of
+// the key waits, directly or not, for the requester: a holder outside the
+// cycle may still release units. So a Semaphore refuses only certain
+// deadlocks, never a wait that could end.
+type Semaphore[K comparable] struct {
+	t table[K] // first: a Semaphore and its table share one allocation
+}
+
+// NewSemaphore returns an open Semaphore whose every key has n units. It
+// allocates the shards and, with WithDebug and WithLongHeld, starts one
+// watchdog goroutine (see New). It panics if n < 1.
+func NewSemaphore[K comparable](n int64, opts ...Option) *Semaphore[K] {
+	if n < 1 {
+		panic(fmt.Sprintf("fairlock: NewSemaphore with %d units; want at least 1", n))
+	}
+	s := new(Semaphore[K])
+	s.t.init("Semaphore", n, opts)
+	return s
+}
+
+// Acquire takes w units of key for the owner of ctx and returns the Guard
+// that gives them back. It blocks until every request that queued on key
+// before it has been granted and w units are free, then takes them; it
+// never overtakes an earlier request, even one that waits for more units
+// than are free.
+//
+// Acquire returns an error wrapping ErrInvalidWeight at once if w < 1 or
+// w > n, ErrReentrant at once if the owner already holds units of key (a
+// second Acquire by the same flow could deadlock behind a queued larger
+// one), the context's error, ErrClosed, ErrDeadlock (with
+// WithDeadlockDetection) or ErrInvalidKey, as Locker.Lock does; the error
+// is a *LockError with Op "Acquire". An uncontended Acquire and its Unlock
+// allocate nothing and, on an idle shard, take the lock-free path.
+func (s *Semaphore[K]) Acquire(ctx context.Context, key K, w int64) (Guard[K], error) {
+	sh, tag := s.t.shardOf(key)
+	if w < 1 || w > s.t.size {
+		return s.t.fail(ctx, "Acquire", key, 0, ErrInvalidWeight, 0, true)
+	}
+	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
+		return g, nil
+	}
+	return s.t.acquire(ctx, "Acquire", key, sh, tag, request{units: w}, false)
+}
+
+// TryAcquire takes w units of key for the owner of ctx if it can do so at
+// once: nobody is queued on key and w units are free. It never blocks
+// beyond the shard mutex. It returns Acquire's errors, with ErrWouldBlock
+// when the units are not free or others are queued.
+func (s *Semaphore[K]) TryAcquire(ctx context.Context, key K, w int64) (Guard[K], error) {
+	sh, tag := s.t.shardOf(key)
+	if w < 1 || w > s.t.size {
+		return s.t.fail(ctx, "TryAcquire", key, 0, ErrInvalidWeight, 0, true)
+	}
+	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
+		return g, nil
+	}
+	return s.t.acquire(ctx, "TryAcquire", key, sh, tag, request{units: w}, true)
+}
+
+// Waiters returns the number of Acquire calls queued on key at this
+// instant, not counting holders. It takes one shard mutex and allocates
+// nothing.
+func (s *Semaphore[K]) Waiters(key K) int { return s.t.waiters(key) }
+
+// Len returns the number of keys that have a holder or a waiter; 0 once
+// all work is done. It takes each shard mutex in turn.
+func (s *Semaphore[K]) Len() int { return s.t.Len() }
+
+// Close closes the Semaphore as Locker.Close closes a Locker: later calls
+// return ErrClosed, queued waiters wake with ErrClosed, and Close waits
+// until every holder has given its units back or ctx is done.
+func (s *Semaphore[K]) Close(ctx context.Context) error { return s.t.close(ctx) }
