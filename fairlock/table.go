@@ -323,7 +323,7 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 				if t.detector != nil {
 					t.detector.stopWaiting(key, r.owner)
 				}
-				decided := t.grantPass(s, e, r.now, true)
+				decided := t.grantPass(s, e, t.now(), true)
 				s.unlock()
 				signal(decided)
 				releaseWaiter(w)

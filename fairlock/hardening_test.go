@@ -1,0 +1,290 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/owner"
+)
+
+// TestContextEndedWhileWaitingForShardMutex: a call whose context ends
+// while it waits to take the shard mutex is refused once it has it, even
+// on a free key (x/sync/semaphore's Acquire does the same). The wait is
+// made deterministic with a fast claim held unpublished: lock backs off
+// until the test publishes it, after cancelling the context.
+func TestContextEndedWhileWaitingForShardMutex(t *testing.T) {
+	l := New[string](WithShards(1))
+	defer l.Close(context.Background())
+	s := &l.t.shards[0]
+	const token = 7
+	s.state.Store(token<<genShift | heldBit | claimingBit) // another key's claim, mid-publish
+
+	ctx, cancel := context.WithCancel(context.Background())
+	backingOff := make(chan struct{}, 1)
+	testHookClaimWait = func() {
+		select {
+		case backingOff <- struct{}{}:
+		default:
+		}
+	}
+	defer func() { testHookClaimWait = nil }()
+	res := make(chan error, 1)
+	go func() {
+		g, err := l.Lock(ctx, "free")
+		if err == nil {
+			g.Unlock()
+		}
+		res <- err
+	}()
+	<-backingOff // Lock passed its early context check and waits for the shard
+	cancel()
+	s.fastKey, s.fastOwner, s.fastUnits = "other", owner.Goroutine(), lockerUnits
+	s.state.Store(token<<genShift | heldBit)
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock whose context ended while it waited for the shard mutex: %v, want context.Canceled", err)
+	}
+	Guard[string]{s: s, gen: token, key: "other"}.Unlock()
+	if l.Len() != 0 {
+		t.Fatalf("Len = %d", l.Len())
+	}
+}
+
+// TestClaimWaitBacksOff: a mutex-side call that finds a fast claim
+// unpublished (its claimant preempted between two stores) yields a few
+// times, then sleeps with growing back-off instead of spinning on
+// runtime.Gosched for as long as the claimant is off the CPU.
+func TestClaimWaitBacksOff(t *testing.T) {
+	l := New[string](WithShards(1))
+	defer l.Close(context.Background())
+	s := &l.t.shards[0]
+	const token = 3
+	s.state.Store(token<<genShift | heldBit | claimingBit)
+	var tries atomic.Int64
+	testHookClaimWait = func() { tries.Add(1) }
+	defer func() { testHookClaimWait = nil }()
+	done := make(chan bool)
+	go func() { done <- l.Locked("k") }()
+	// Long enough for the back-off to reach its cap: 4 yields, then sleeps
+	// of 1µs, 2µs … 1ms (about 2ms in all), then 1ms each.
+	const hold = 50 * time.Millisecond
+	time.Sleep(hold)
+	s.fastKey, s.fastOwner, s.fastUnits = "k", owner.Goroutine(), lockerUnits
+	s.state.Store(token<<genShift | heldBit)
+	if !<-done {
+		t.Fatal("Locked(k) = false once the claim was published")
+	}
+	// Sleeping backs off to one try per millisecond: at most a few dozen
+	// tries over the hold, where a Gosched loop makes thousands.
+	if n := tries.Load(); n > claimYields+maxClaimBackoff+int64(hold/time.Millisecond)+20 {
+		t.Fatalf("%d tries while the claim was unpublished for %v: no back-off", n, hold)
+	}
+	Guard[string]{s: s, gen: token, key: "k"}.Unlock()
+}
+
+// TestDetectorGivesMemoryBack: the detector's maps, which only shrink by
+// deletion, are made anew once a peak of awaited keys is gone, as the
+// shard's overflow map is (Lifecycle: a map that grew large is rebuilt
+// once it empties).
+func TestDetectorGivesMemoryBack(t *testing.T) {
+	l := New[int](WithDeadlockDetection())
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	const keys = 3 * shrinkAt
+	var guards []Guard[int]
+	for k := range keys {
+		g, err := l.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		guards = append(guards, g)
+	}
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := l.Lock(ctx, k)
+			if err == nil {
+				g.Unlock()
+			}
+		}()
+	}
+	d := l.t.detector
+	for {
+		d.mu.Lock()
+		n := len(d.waits)
+		d.mu.Unlock()
+		if n == keys {
+			break
+		}
+		runtime.Gosched()
+	}
+	d.mu.Lock()
+	before := d.holders
+	d.mu.Unlock()
+	for _, g := range guards {
+		g.Unlock()
+	}
+	wg.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.holders) != 0 || len(d.waits) != 0 {
+		t.Fatalf("detector keeps %d keys and %d waiting owners when idle", len(d.holders), len(d.waits))
+	}
+	if same(before, d.holders) || d.peak != 0 {
+		t.Fatalf("the detector's maps were not made anew after a peak of %d awaited keys (peak %d)", keys, d.peak)
+	}
+}
+
+// same reports whether two maps are one map.
+func same[K comparable, V any](a, b map[K]V) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+}
+
+// TestProcsRefreshedOffTheReleasePath: the release path reads a cached
+// GOMAXPROCS; the cache follows a change within procsRefreshEvery queued
+// waits of a shard, refreshed by waiters that are about to block.
+func TestProcsRefreshedOffTheReleasePath(t *testing.T) {
+	prev := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(prev)
+	l := New[string](WithShards(1))
+	defer l.Close(context.Background())
+	runtime.GOMAXPROCS(prev + 1)
+	if got := procs.Load(); got != int32(prev) {
+		t.Fatalf("procs = %d before any wait, want the value cached by New, %d", got, prev)
+	}
+	ctx := context.Background()
+	g, _ := l.Lock(ctx, "k")
+	for range procsRefreshEvery {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			g2, err := l.Lock(ctx, "k")
+			if err == nil {
+				g2.Unlock()
+			}
+		}()
+		for l.Waiters("k") != 1 {
+			runtime.Gosched()
+		}
+		g.Unlock()
+		<-done
+		g, _ = l.Lock(ctx, "k")
+	}
+	g.Unlock()
+	if got := procs.Load(); got != int32(prev+1) {
+		t.Fatalf("procs = %d after %d waits, want %d", got, procsRefreshEvery, prev+1)
+	}
+}
+
+// TestWatchdogVisitsOnlyLiveShards: the live-shard bitmap the watchdog
+// walks has exactly the bits of the shards that hold keys.
+func TestWatchdogVisitsOnlyLiveShards(t *testing.T) {
+	l := New[int](WithShards(256), WithLongHeld(time.Hour))
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	bits := func() (n int) {
+		for i := range l.t.liveShards {
+			for w := l.t.liveShards[i].Load(); w != 0; w &= w - 1 {
+				n++
+			}
+		}
+		return n
+	}
+	if n := bits(); n != 0 {
+		t.Fatalf("%d live bits on an idle Locker", n)
+	}
+	var guards []Guard[int]
+	shards := map[*shard[int]]bool{}
+	for k := range 40 {
+		g, _ := l.Lock(ctx, k)
+		guards = append(guards, g)
+		s, _ := l.t.shardOf(k)
+		shards[s] = true
+	}
+	if n := bits(); n != len(shards) {
+		t.Fatalf("%d live bits for %d shards with held keys", n, len(shards))
+	}
+	for _, g := range guards {
+		g.Unlock()
+	}
+	if n := bits(); n != 0 {
+		t.Fatalf("%d live bits once every key is released", n)
+	}
+}
+
+// TestUnclosedLockerIsReleased: a Locker with debug, a watchdog and an
+// observer that is dropped without Close leaves the debug registry, is
+// unregistered from its observer, and its watchdog goroutine exits.
+func TestUnclosedLockerIsReleased(t *testing.T) {
+	obs := &countingObserver{}
+	func() {
+		l := New[string](WithName("dropped"), WithLongHeld(time.Millisecond), WithObserver(obs))
+		g, _ := l.Lock(context.Background(), "k")
+		g.Unlock()
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		runtime.GC()
+		registered := false
+		for _, n := range registry.Names() {
+			registered = registered || n == "dropped"
+		}
+		if !registered && obs.unregistered.Load() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a dropped Locker is still registered (%v) or not unregistered from its observer (%d)", registered, obs.unregistered.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// goleak, in TestMain, checks that the watchdog goroutine is gone.
+}
+
+type countingObserver struct{ unregistered atomic.Int64 }
+
+func (o *countingObserver) Register(string, func() Stats) LockerObserver { return o }
+func (o *countingObserver) Acquire(Result, time.Duration)                {}
+func (o *countingObserver) Release(time.Duration)                        {}
+func (o *countingObserver) Unregister()                                  { o.unregistered.Add(1) }
+
+// TestRegisterSeesACompleteLocker: an Observer may collect at once from
+// Register (a periodic reader, a scrape): stats must read complete shards.
+// Under -race, registering before the shards are set up is reported.
+func TestRegisterSeesACompleteLocker(t *testing.T) {
+	obs := &eagerObserver{}
+	for range 20 {
+		l := New[string](WithObserver(obs))
+		s := NewSemaphore[string](2, WithObserver(obs))
+		obs.wg.Wait()
+		l.Close(context.Background())
+		s.Close(context.Background())
+	}
+}
+
+// eagerObserver reads stats from another goroutine as soon as Register
+// is called.
+type eagerObserver struct {
+	countingObserver
+	wg sync.WaitGroup
+}
+
+func (o *eagerObserver) Register(_ string, stats func() Stats) LockerObserver {
+	o.wg.Add(1)
+	go func() {
+		defer o.wg.Done()
+		for range 10 {
+			if st := stats(); st.Keys != 0 {
+				panic("keys in a new Locker")
+			}
+		}
+	}()
+	return o
+}
