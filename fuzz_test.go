@@ -531,7 +531,7 @@ func (m *modelRun) close(i int) {
 		recv(m.t, unlocked)
 		m.released(i)
 		raced = m.grantPass(key)
-		m.keys[key].queue = append(raced, m.keys[key].queue...) // undo: taken below
+		m.keys[key].queue = append(slices.Clone(raced), m.keys[key].queue...) // undo: taken below
 		for _, r := range raced {
 			if r.kind != turn {
 				delete(m.keys[key].holders, r.actor)

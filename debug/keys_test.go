@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,63 +91,81 @@ func TestPointerKeysAreNotRead(t *testing.T) {
 	}
 }
 
-// Resource is a key whose String method takes a mutex of the caller's.
+// Resource is a key whose String method takes a mutex of its own, as a
+// key type guarding its fields might.
 type Resource struct{ name string }
 
-var resourceMu sync.Mutex
+var (
+	resourceMu  sync.Mutex
+	inString    = make(chan struct{}, 1) // String was entered
+	stringCalls atomic.Int64
+)
 
 func (r Resource) String() string {
+	stringCalls.Add(1)
+	select {
+	case inString <- struct{}{}:
+	default:
+	}
 	resourceMu.Lock()
 	defer resourceMu.Unlock()
 	return r.name
 }
 
-// TestStringMethodRunsOutsideShardMutex: a goroutine holds resourceMu and
-// calls TryLock on the same shard while a dump (or the watchdog) renders
-// a held Resource key, whose String takes resourceMu. If rendering ran
-// under the shard mutex, the dump would wait for resourceMu while the
-// TryLock waits for the shard mutex: both forever, and the shard with
-// them.
+// TestStringMethodRunsOutsideShardMutex: a goroutine holds resourceMu
+// while a dump, or the watchdog with no dump at all, renders a held
+// Resource key and so waits in String for resourceMu; the goroutine then
+// calls TryLock on the key's shard. If String ran under the shard mutex,
+// the TryLock would wait for the shard mutex and String for resourceMu:
+// both forever, and every later call on the shard with them.
 func TestStringMethodRunsOutsideShardMutex(t *testing.T) {
-	l := fairlock.New[Resource](fairlock.WithName("resources"), fairlock.WithShards(1),
-		fairlock.WithLongHeld(time.Millisecond), fairlock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	defer l.Close(context.Background())
-	ctx := context.Background()
-	g, err := l.Lock(ctx, Resource{"printer"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range 200 {
-			resourceMu.Lock()
-			g2, err := l.TryLock(ctx, Resource{"scanner"}) // the same shard: there is one
-			resourceMu.Unlock()
-			if err != nil {
-				t.Error(err)
-				return
+	for _, via := range []string{"dump", "watchdog"} {
+		t.Run(via, func(t *testing.T) {
+			opts := []fairlock.Option{fairlock.WithName("resources-" + via), fairlock.WithShards(1), fairlock.WithDebug()}
+			if via == "watchdog" {
+				opts = append(opts, fairlock.WithLongHeld(time.Millisecond), fairlock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 			}
-			g2.Unlock()
-		}
-	}()
-	dumps := make(chan struct{})
-	go func() {
-		defer close(dumps)
-		for range 200 {
-			_ = debug.Dump(io.Discard)
-		}
-	}()
-	for _, ch := range []chan struct{}{done, dumps} {
-		select {
-		case <-ch:
-		case <-time.After(time.Minute):
-			t.Fatal("deadlock: a key's String method ran under the shard mutex")
-		}
-	}
-	if !strings.Contains(dumpText(t), "printer") {
-		t.Fatal("the dump does not use the key's String method")
+			l := fairlock.New[Resource](opts...)
+			ctx := context.Background()
+			g, err := l.Lock(ctx, Resource{"printer"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			select { // drain a signal left by an earlier render
+			case <-inString:
+			default:
+			}
+			resourceMu.Lock()
+			rendered := make(chan struct{})
+			if via == "dump" {
+				go func() { defer close(rendered); _ = debug.Dump(io.Discard) }()
+			}
+			<-inString // a render waits for resourceMu, which this goroutine holds
+			tried := make(chan error, 1)
+			go func() {
+				g2, err := l.TryLock(ctx, Resource{"scanner"}) // the same shard: there is one
+				if err == nil {
+					g2.Unlock()
+				}
+				tried <- err
+			}()
+			select {
+			case err := <-tried:
+				resourceMu.Unlock()
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("deadlock: a key's String method ran under the shard mutex")
+			}
+			if via == "dump" {
+				<-rendered
+			}
+			g.Unlock()
+			if err := l.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

@@ -47,10 +47,11 @@ func TestContextEndedWhileWaitingForShardMutex(t *testing.T) {
 	cancel()
 	s.fastKey, s.fastOwner, s.fastUnits = "other", owner.Goroutine(), lockerUnits
 	s.state.Store(token<<genShift | heldBit)
-	if err := <-res; !errors.Is(err, context.Canceled) {
+	err := <-res
+	Guard[string]{s: s, gen: token, key: "other"}.Unlock()
+	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock whose context ended while it waited for the shard mutex: %v, want context.Canceled", err)
 	}
-	Guard[string]{s: s, gen: token, key: "other"}.Unlock()
 	if l.Len() != 0 {
 		t.Fatalf("Len = %d", l.Len())
 	}
@@ -77,7 +78,9 @@ func TestClaimWaitBacksOff(t *testing.T) {
 	time.Sleep(hold)
 	s.fastKey, s.fastOwner, s.fastUnits = "k", owner.Goroutine(), lockerUnits
 	s.state.Store(token<<genShift | heldBit)
-	if !<-done {
+	locked := <-done
+	Guard[string]{s: s, gen: token, key: "k"}.Unlock()
+	if !locked {
 		t.Fatal("Locked(k) = false once the claim was published")
 	}
 	// Sleeping backs off to one try per millisecond: at most a few dozen
@@ -85,7 +88,6 @@ func TestClaimWaitBacksOff(t *testing.T) {
 	if n := tries.Load(); n > claimYields+maxClaimBackoff+int64(hold/time.Millisecond)+20 {
 		t.Fatalf("%d tries while the claim was unpublished for %v: no back-off", n, hold)
 	}
-	Guard[string]{s: s, gen: token, key: "k"}.Unlock()
 }
 
 // TestDetectorGivesMemoryBack: the detector's maps, which only shrink by
@@ -209,11 +211,12 @@ func TestWatchdogVisitsOnlyLiveShards(t *testing.T) {
 		s, _ := l.t.shardOf(k)
 		shards[s] = true
 	}
-	if n := bits(); n != len(shards) {
-		t.Fatalf("%d live bits for %d shards with held keys", n, len(shards))
-	}
+	n := bits()
 	for _, g := range guards {
 		g.Unlock()
+	}
+	if n != len(shards) {
+		t.Fatalf("%d live bits for %d shards with held keys", n, len(shards))
 	}
 	if n := bits(); n != 0 {
 		t.Fatalf("%d live bits once every key is released", n)
