@@ -3,12 +3,10 @@ package debug_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -230,86 +228,6 @@ func get(t *testing.T, url string) (*http.Response, string) {
 		t.Fatal(err)
 	}
 	return resp, string(body)
-}
-
-func TestHandler(t *testing.T) {
-	s := newScene(t, "http")
-	defer s.release()
-	mux := http.NewServeMux()
-	mux.Handle("/debug/fairlock/", debug.Handler())
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	base := srv.URL + "/debug/fairlock/"
-
-	t.Run("text", func(t *testing.T) {
-		resp, body := get(t, base)
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
-			t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
-		}
-		if !strings.Contains(body, `fairlock "http" (Locker): 2 keys, 2 waiters`) {
-			t.Fatalf("text body lacks the locker:\n%s", body)
-		}
-	})
-	t.Run("json", func(t *testing.T) {
-		resp, body := get(t, base+"?format=json&locker=http")
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
-			t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
-		}
-		var got []debug.LockerState
-		if err := json.Unmarshal([]byte(body), &got); err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff([]debug.LockerState{s.want("http")}, got, ignoreTimes); diff != "" {
-			t.Fatalf("JSON (-want +got):\n%s", diff)
-		}
-		if h := got[0].Held[0].Holders[0]; got[0].Held[0].HeldFor <= 0 || h.Since.IsZero() || h.Token == 0 {
-			t.Fatalf("times or token lost in JSON: %+v", got[0].Held[0])
-		}
-		for _, field := range []string{`"held_for_ns"`, `"since"`, `"wait_for_ns"`, `"double_unlocks"`, `"reentrant"`, `"token"`, `"mode"`, `"omitted_keys"`} {
-			if !strings.Contains(body, field) {
-				t.Errorf("JSON lacks documented field %s", field)
-			}
-		}
-	})
-	t.Run("text filtered", func(t *testing.T) {
-		other := fairlock.New[int](fairlock.WithName("other"), fairlock.WithDebug())
-		defer other.Close(context.Background())
-		_, body := get(t, base+"?locker=http")
-		if !strings.Contains(body, `fairlock "http"`) || strings.Contains(body, `fairlock "other"`) {
-			t.Fatalf("filter did not keep exactly the named locker:\n%s", body)
-		}
-	})
-	for _, bad := range []struct {
-		query  string
-		status int
-	}{
-		{"?locker=nope", http.StatusNotFound},
-		{"?format=xml", http.StatusBadRequest},
-	} {
-		resp, body := get(t, base+bad.query)
-		if resp.StatusCode != bad.status || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
-			t.Errorf("%s: status %d (want %d), body %q", bad.query, resp.StatusCode, bad.status, body)
-		}
-	}
-	resp, err := http.Post(base, "text/plain", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusMethodNotAllowed {
-		t.Errorf("POST: status %d, want 405", resp.StatusCode)
-	}
-}
-
-func TestHandlerHonoursRequestContext(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/debug/fairlock/", nil)
-	rec := httptest.NewRecorder()
-	debug.Handler().ServeHTTP(rec, req)
-	if rec.Body.Len() != 0 {
-		t.Fatalf("wrote %d bytes for a request whose client is gone", rec.Body.Len())
-	}
 }
 
 // TestDumpWhileChurning dumps continuously while goroutines lock, wait,

@@ -3,24 +3,60 @@ package debug
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/fairlock/fairlock/internal/registry"
 )
 
-// Handler returns an http.Handler that serves the registered Lockers'
-// state, whatever path it is mounted at:
+// defaultLimit is how many keys per locker Handler shows when the request
+// has no limit parameter: the longest held first, the rest only counted.
+// A locker with 100,000 held keys would otherwise fill tens of megabytes.
+const defaultLimit = 1000
+
+// knownParams are the query parameters Handler reads; any other is refused.
+var knownParams = []string{"format", "limit", "locker"}
+
+// Handler returns an http.Handler that serves the registered lockers'
+// state. Query parameters:
 //
-//   - no format, or format=text: the text of Dump (text/plain);
+//   - format=text (the default): the text of Dump (text/plain), with a
+//     "… N more keys left out" line under a locker that has more live keys
+//     than the limit;
 //   - format=json: a JSON array of LockerState (application/json), field
-//     names as tagged on LockerState, KeyState and WaiterState;
-//   - locker=NAME: only that Locker; 404 Not Found if none is registered
-//     under NAME;
-//   - any other format: 400 Bad Request.
+//     names as tagged on LockerState, KeyState and WaiterState; a locker's
+//     omitted_keys counts the live keys left out of held;
+//   - limit=N: at most N keys per locker, the longest held first; N is a
+//     positive integer, 1000 when limit is absent;
+//   - locker=NAME: only the locker registered as NAME.
 //
-// It sets X-Content-Type-Options: nosniff, answers only GET and HEAD (405
-// otherwise), and stops without writing if the request's context is done
-// before the state has been read.
+// A parameter with an empty value counts as absent. It answers:
+//
+//   - 200 OK with the state; the request's context is checked after the
+//     state has been read, and if it is done nothing is written;
+//   - 400 Bad Request for a query that does not parse (url.ParseQuery),
+//     a parameter other than format, limit and locker, one given twice,
+//     a format other than text or json, or a limit that is not a positive
+//     integer;
+//   - 404 Not Found for a path below the one it is mounted at (see below),
+//     or for a locker=NAME under which no locker is registered (only
+//     lockers built with fairlock.WithDebug or etcdlock.WithDebug are, and
+//     only while open; the message lists those that are);
+//   - 405 Method Not Allowed, with an Allow header, for a method other
+//     than GET and HEAD.
+//
+// Every answer carries X-Content-Type-Options: nosniff.
+//
+// Mounted on a ServeMux under a pattern that ends in "/", such as
+// "/debug/fairlock/", it serves the pattern's own path only (or what is
+// left of it after http.StripPrefix), not the paths below it that the
+// pattern also matches. Reached without a pattern, it serves paths that
+// end in "/" and the empty path. A read takes each locker's shard mutexes
+// in turn; it allocates in proportion to the keys it shows.
 func Handler() http.Handler { return http.HandlerFunc(serve) }
 
 func serve(w http.ResponseWriter, r *http.Request) {
@@ -30,16 +66,18 @@ func serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fairlock debug: method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	q := r.URL.Query()
-	format := q.Get("format")
-	if format != "" && format != "text" && format != "json" {
-		http.Error(w, fmt.Sprintf("fairlock debug: unknown format %q (want text or json)", format), http.StatusBadRequest)
+	if !ownPath(r) {
+		http.Error(w, fmt.Sprintf("fairlock debug: no page at %q", r.URL.Path), http.StatusNotFound)
 		return
 	}
-	name := q.Get("locker")
-	states := registry.Snapshot(name, 0)
+	format, limit, name, err := parseQuery(r.URL.RawQuery)
+	if err != nil {
+		http.Error(w, "fairlock debug: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	states := registry.Snapshot(name, limit)
 	if name != "" && len(states) == 0 {
-		http.Error(w, fmt.Sprintf("fairlock debug: no locker named %q", name), http.StatusNotFound)
+		http.Error(w, notFound(name), http.StatusNotFound)
 		return
 	}
 	if err := r.Context().Err(); err != nil {
@@ -54,4 +92,104 @@ func serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_ = writeText(w, states)
+}
+
+// parseQuery reads and checks the query; the error says what is wrong.
+func parseQuery(raw string) (format string, limit int, locker string, err error) {
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return "", 0, "", fmt.Errorf("malformed query: %v", err)
+	}
+	for _, p := range slices.Sorted(maps.Keys(q)) {
+		vs := q[p]
+		if !slices.Contains(knownParams, p) {
+			return "", 0, "", fmt.Errorf("unknown parameter %q (known: %s)", p, strings.Join(knownParams, ", "))
+		}
+		if len(vs) > 1 {
+			return "", 0, "", fmt.Errorf("parameter %q given %d times", p, len(vs))
+		}
+	}
+	format, locker, limit = q.Get("format"), q.Get("locker"), defaultLimit
+	if format != "" && format != "text" && format != "json" {
+		return "", 0, "", fmt.Errorf("unknown format %q (want text or json)", format)
+	}
+	if s := q.Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 {
+			return "", 0, "", fmt.Errorf("limit %q is not a positive integer", s)
+		}
+	}
+	return format, limit, locker, nil
+}
+
+// notFound is the 404 message for a locker=NAME that is not registered.
+func notFound(name string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "fairlock debug: no open locker named %q; only lockers built with fairlock.WithDebug (or etcdlock.WithDebug) appear here, while they are open. ", name)
+	names := registry.Names()
+	if len(names) == 0 {
+		b.WriteString("None is open.")
+		return b.String()
+	}
+	b.WriteString("Open: ")
+	for i, n := range names {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	b.WriteString(".")
+	return b.String()
+}
+
+// ownPath reports whether r asks for the handler's own page rather than a
+// path below it. A ServeMux pattern that ends in "/" matches every path
+// under it, so the request's path must be the pattern's own path, or a
+// tail of it when http.StripPrefix cut the front off (the request keeps
+// the mux's Pattern). Segments are compared unescaped, a wildcard segment
+// ("{id}") matching any one segment. A pattern that does not end in "/"
+// matched the path exactly. Without a pattern, the path must end in "/"
+// or be empty.
+func ownPath(r *http.Request) bool {
+	pattern := patternPath(r.Pattern)
+	if pattern == "" {
+		return r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/")
+	}
+	if !strings.HasSuffix(pattern, "/") {
+		return true
+	}
+	reqSegs := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
+	patSegs := strings.Split(strings.TrimPrefix(pattern, "/"), "/")
+	if len(reqSegs) > len(patSegs) {
+		return false
+	}
+	patSegs = patSegs[len(patSegs)-len(reqSegs):]
+	for i, rs := range reqSegs {
+		ps := patSegs[i]
+		if len(ps) > 2 && ps[0] == '{' && ps[len(ps)-1] == '}' {
+			continue // a wildcard: any one segment
+		}
+		rs, err1 := url.PathUnescape(rs)
+		ps, err2 := url.PathUnescape(ps)
+		if err1 != nil || err2 != nil {
+			return false
+		}
+		// The first segment may be the tail of the pattern's, when
+		// StripPrefix cut inside a segment.
+		if rs != ps && (i > 0 || !strings.HasSuffix(ps, rs)) {
+			return false
+		}
+	}
+	return true
+}
+
+// patternPath returns the path part of a ServeMux pattern
+// ("[METHOD ][HOST]/[PATH]"), or "" if there is none.
+func patternPath(pattern string) string {
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		pattern = strings.TrimLeft(pattern[i:], " \t")
+	}
+	if i := strings.IndexByte(pattern, '/'); i >= 0 {
+		return pattern[i:]
+	}
+	return ""
 }

@@ -2,55 +2,33 @@ package otelmetrics_test
 
 import (
 	"context"
-	"fmt"
+	"log"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/otelmetrics"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
-// An observer from New records every Locker built with it. Here the
-// OpenTelemetry SDK's ManualReader reads the acquisitions counter after
-// three Locks and one TryLock refused as reentrant.
+// One observer serves every Locker built with it; each reports under its
+// own fairlock.locker attribute. A program passes the MeterProvider of its
+// OpenTelemetry SDK (or nil, for the global one set with
+// otel.SetMeterProvider); the no-op provider here records nothing.
+// internal/otelsdktest reads these metrics back through the SDK.
 func ExampleNew() {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
+	var mp metric.MeterProvider = noop.NewMeterProvider() // your SDK's provider
 	obs, err := otelmetrics.New(mp)
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	orders := fairlock.New[string](fairlock.WithName("orders"), fairlock.WithObserver(obs))
 	defer orders.Close(context.Background())
+	payments := fairlock.New[string](fairlock.WithName("payments"), fairlock.WithObserver(obs))
+	defer payments.Close(context.Background())
 
-	ctx := context.Background()
-	for range 2 {
-		g, _ := orders.Lock(ctx, "order-7")
-		g.Unlock()
+	g, err := orders.Lock(context.Background(), "order-7")
+	if err != nil {
+		log.Fatal(err)
 	}
-	g, _ := orders.Lock(ctx, "order-8")
-	_, _ = orders.TryLock(context.Background(), "order-8") // same goroutine: ErrReentrant
-	g.Unlock()
-
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		fmt.Println(err)
-		return
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "fairlock.lock.acquisitions" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				result, _ := dp.Attributes.Value(otelmetrics.ResultKey)
-				fmt.Printf("%s %s=%d\n", m.Name, result.AsString(), dp.Value)
-			}
-		}
-	}
-	// Unordered output:
-	// fairlock.lock.acquisitions acquired=3
-	// fairlock.lock.acquisitions reentrant=1
+	defer g.Unlock()
 }

@@ -114,7 +114,10 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 	return o, nil
 }
 
-// observe reports every open Locker's gauges.
+// observe reports every open Locker's gauges. The set is copied under
+// o.mu and each Locker's stats is called outside it, so a slow Locker does
+// not hold up Register and Unregister of the others; a Locker unregistered
+// after the copy is skipped by readStats.
 func (o *observer) observe(_ context.Context, obs metric.Observer) error {
 	o.mu.Lock()
 	open := make([]*lockerObserver, 0, len(o.lockers))
@@ -123,7 +126,10 @@ func (o *observer) observe(_ context.Context, obs metric.Observer) error {
 	}
 	o.mu.Unlock()
 	for _, lo := range open {
-		st := lo.stats()
+		st, ok := lo.readStats()
+		if !ok {
+			continue
+		}
 		obs.ObserveInt64(o.held, int64(st.Keys), lo.gaugeOpts...)
 		obs.ObserveInt64(o.waiters, int64(st.Waiters), lo.gaugeOpts...)
 	}
@@ -156,8 +162,15 @@ func (o *observer) Register(name string, stats func() fairlock.Stats) fairlock.L
 // lockerObserver records one Locker's events with option slices built once,
 // indexed by fairlock.Result.
 type lockerObserver struct {
-	o         *observer
-	stats     func() fairlock.Stats
+	o *observer
+
+	// statsMu is held across every call of stats. Unregister takes it to
+	// set unregistered, so it waits for a call in flight, and no call
+	// starts after it returns (fairlock.LockerObserver's contract).
+	statsMu      sync.Mutex
+	unregistered bool // guarded by statsMu
+	stats        func() fairlock.Stats
+
 	addOpts   [][]metric.AddOption
 	waitOpts  [][]metric.RecordOption
 	holdOpts  []metric.RecordOption
@@ -179,8 +192,24 @@ func (lo *lockerObserver) Release(hold time.Duration) {
 	lo.o.hold.Record(context.Background(), hold.Seconds(), lo.holdOpts...)
 }
 
+// readStats calls stats unless the Locker was unregistered; ok is false
+// if it was.
+func (lo *lockerObserver) readStats() (st fairlock.Stats, ok bool) {
+	lo.statsMu.Lock()
+	defer lo.statsMu.Unlock()
+	if lo.unregistered {
+		return fairlock.Stats{}, false
+	}
+	return lo.stats(), true
+}
+
 // Unregister implements fairlock.LockerObserver: the Locker's gauges stop.
+// It waits for a stats call that a collection is making, and once it
+// returns no collection calls stats again.
 func (lo *lockerObserver) Unregister() {
+	lo.statsMu.Lock()
+	lo.unregistered = true
+	lo.statsMu.Unlock()
 	lo.o.mu.Lock()
 	delete(lo.o.lockers, lo)
 	lo.o.mu.Unlock()

@@ -53,9 +53,21 @@ func main() {
 	}
 }
 
+// bank is the shared state. A per-key lock guards only what belongs to its
+// key: here each account's balance, behind its own pointer. The accounts
+// map itself is built before the tellers start and only read after that,
+// so tellers that lock disjoint pairs of accounts never write the same
+// memory. (Writing a shared map under per-key locks would be a data race:
+// two transfers on disjoint pairs hold different keys and would write the
+// map at the same time.)
 type bank struct {
 	locks    *fairlock.Locker[string]
-	balances map[string]int // each guarded by its account's key
+	accounts map[string]*account // read-only once the tellers start
+}
+
+// account is one account's state.
+type account struct {
+	balance int // guarded by the account's key in bank.locks
 }
 
 // outcome counts what the tellers saw.
@@ -73,10 +85,10 @@ func run(cfg config, out io.Writer) error {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil)) // refusals are counted below instead
 	b := &bank{
 		locks:    fairlock.New[string](fairlock.WithName("accounts"), fairlock.WithDeadlockDetection(), fairlock.WithLogger(quiet)),
-		balances: make(map[string]int),
+		accounts: make(map[string]*account, cfg.accounts),
 	}
 	for i := range cfg.accounts {
-		b.balances[fmt.Sprintf("acct-%d", i)] = 1000
+		b.accounts[fmt.Sprintf("acct-%d", i)] = &account{balance: 1000}
 	}
 	before := b.total()
 
@@ -131,8 +143,10 @@ func (b *bank) transfer(ctx context.Context, mode, from, to string, amount int, 
 		if err != nil {
 			return err
 		}
-		b.balances[from] -= amount
-		b.balances[to] += amount
+		// Both keys are held: these two accounts, and nothing else, are
+		// ours to write. The map is only read.
+		b.accounts[from].balance -= amount
+		b.accounts[to].balance += amount
 		release()
 		res.done.Add(1)
 		return nil
@@ -157,10 +171,11 @@ func (b *bank) lockPair(ctx context.Context, mode, from, to string) (func(), err
 	return func() { gt.Unlock(); gf.Unlock() }, nil
 }
 
+// total sums the balances; it is called only while no teller runs.
 func (b *bank) total() int {
 	sum := 0
-	for _, v := range b.balances {
-		sum += v
+	for _, a := range b.accounts {
+		sum += a.balance
 	}
 	return sum
 }

@@ -1,4 +1,4 @@
-package otelmetrics_test
+package otelsdktest_test
 
 import (
 	"io"
