@@ -43,6 +43,35 @@ func TestUncontendedAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: uncontended Lock/TryLock/Unlock allocates %v times per run, want 0", name, allocs)
 		}
 	}
+	// Shared holds and semaphore units, on the lock-free path and under
+	// the mutex (two readers at once, a second key's units beside them).
+	l := fairlock.New[string]()
+	s := fairlock.NewSemaphore[string](3)
+	other := owner.NewContext(ctx)
+	keys := benchKeys(64)
+	i := 0
+	allocs := testing.AllocsPerRun(10000, func() {
+		k := keys[i%len(keys)]
+		i++
+		r1, err1 := l.RLock(ctx, k)
+		r2, err2 := l.TryRLock(other, k)
+		u1, err3 := s.Acquire(ctx, k, 2)
+		u2, err4 := s.TryAcquire(other, k, 1)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Wait(other, keys[(i+1)%len(keys)]); err != nil {
+			t.Fatal(err)
+		}
+		_ = r1.Token() + r2.Token() + u1.Token() + u2.Token()
+		r1.Unlock()
+		r2.Unlock()
+		u1.Unlock()
+		u2.Unlock()
+	})
+	if allocs != 0 {
+		t.Errorf("uncontended RLock/TryRLock/Acquire/TryAcquire/Wait/Unlock allocate %v times per run, want 0", allocs)
+	}
 }
 
 // TestRefusedTryLockAllocatesOnlyItsError holds TryLock's documented cost

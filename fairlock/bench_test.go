@@ -5,7 +5,9 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 )
@@ -57,6 +59,113 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkUncontendedModes cycles each kind of grant and its Unlock over
+// 4096 keys on one goroutine: the lock-free path serves them all alike,
+// and none allocates.
+func BenchmarkUncontendedModes(b *testing.B) {
+	ctx := context.Background()
+	keys := benchKeys(4096)
+	l := fairlock.New[string]()
+	defer l.Close(ctx)
+	s := fairlock.NewSemaphore[string](4)
+	defer s.Close(ctx)
+	for name, take := range map[string]func(string) (fairlock.Guard[string], error){
+		"Lock":       func(k string) (fairlock.Guard[string], error) { return l.Lock(ctx, k) },
+		"RLock":      func(k string) (fairlock.Guard[string], error) { return l.RLock(ctx, k) },
+		"Acquire(2)": func(k string) (fairlock.Guard[string], error) { return s.Acquire(ctx, k, 2) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			var tokens uint64
+			for i := 0; i < b.N; i++ {
+				g, err := take(keys[i&4095])
+				if err != nil {
+					b.Fatal(err)
+				}
+				tokens += g.Token()
+				g.Unlock()
+			}
+			_ = tokens
+		})
+	}
+}
+
+// BenchmarkReadMostly: G goroutines on one key, nine RLocks in ten, each
+// hold a short spin: shared holds let readers overlap where a Lock would
+// serialize them.
+func BenchmarkReadMostly(b *testing.B) {
+	for _, G := range []int{8, 32} {
+		b.Run("G="+strconv.Itoa(G), func(b *testing.B) {
+			l := fairlock.New[string]()
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			var left atomic.Int64
+			left.Store(int64(b.N))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for w := range G {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := w; left.Add(-1) >= 0; i++ {
+						take := l.RLock
+						if i%10 == 0 {
+							take = l.Lock
+						}
+						g, err := take(ctx, "hot")
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						spin(200)
+						g.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
+
+var spinSink atomic.Int64
+
+// spin does n units of work without blocking.
+func spin(n int) {
+	x := 0
+	for i := range n {
+		x += i * i
+	}
+	spinSink.Add(int64(x & 1))
+}
+
+// BenchmarkIdleWatchdog: a Locker with a long-held watchdog and no key in
+// use, for each shard count: the CPU the process takes, as a share of one
+// CPU over the run (cpu-share). The watchdog sleeps without a timer while
+// no key is live, and a tick visits only shards with live keys, so this
+// stays near zero whatever the shard count. Each op is one millisecond.
+func BenchmarkIdleWatchdog(b *testing.B) {
+	for _, shards := range []int{64, 4096, 65536} {
+		b.Run("shards="+strconv.Itoa(shards), func(b *testing.B) {
+			l := fairlock.New[string](fairlock.WithShards(shards), fairlock.WithLongHeld(4*time.Millisecond))
+			defer l.Close(context.Background())
+			start, cpu0 := time.Now(), processCPU(b)
+			b.ResetTimer()
+			time.Sleep(time.Duration(b.N) * time.Millisecond)
+			b.StopTimer()
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(time.Since(start)), "cpu-share")
+		})
+	}
+}
+
+// processCPU returns the CPU time (user and system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Skip("getrusage:", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkParallelDistinct: every goroutine locks its own keys.

@@ -21,6 +21,7 @@ type debugState struct {
 	longHeld   time.Duration // 0: no watchdog
 	unregister func()
 	quit       chan struct{} // closed by stop
+	wake       chan struct{} // the first live key since the watchdog slept
 	done       sync.WaitGroup
 	stopOnce   sync.Once
 }
@@ -29,7 +30,7 @@ type debugState struct {
 // t.name and starts its watchdog. t must be complete otherwise: a dump may
 // read it at once.
 func startDebug[K comparable](t *table[K], cfg config) {
-	d := &debugState{longHeld: max(cfg.longHeld, 0), quit: make(chan struct{})}
+	d := &debugState{longHeld: max(cfg.longHeld, 0), quit: make(chan struct{}), wake: make(chan struct{}, 1)}
 	t.dbg = d
 	wt := weak.Make(t)
 	var registered string
@@ -186,8 +187,10 @@ type warning[K comparable] struct {
 
 // watch is the watchdog goroutine: every period it warns about holders and
 // waiters that passed longHeld, 2·longHeld, 4·longHeld… since their grant
-// or arrival. It holds its table only for the length of a tick, and exits
-// when d.quit is closed or the table is gone.
+// or arrival. While no key is live it sleeps without a timer until
+// markLive wakes it, so an idle table costs no CPU. It holds its table
+// only while it looks at it, and exits when d.quit is closed or the table
+// is gone.
 func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) {
 	defer d.done.Done()
 	period := min(max(d.longHeld/4, time.Millisecond), time.Second)
@@ -195,9 +198,19 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 	defer ticker.Stop()
 	var warnings []warning[K]
 	for {
+		if idle(wt) {
+			ticker.Stop()
+			select {
+			case <-d.quit:
+				return
+			case <-d.wake:
+				ticker.Reset(period)
+			}
+		}
 		select {
 		case <-d.quit:
 			return
+		case <-d.wake: // stale: the live count went to 0 and back
 		case <-ticker.C:
 			t := wt.Value()
 			if t == nil {
@@ -219,6 +232,12 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 			clear(warnings) // hold no keys between ticks
 		}
 	}
+}
+
+// idle reports whether the table behind wt has no live key (or is gone).
+func idle[K comparable](wt weak.Pointer[table[K]]) bool {
+	t := wt.Value()
+	return t == nil || t.liveCount.Load() == 0
 }
 
 // overdue collects the warnings due now, marking each as given. It visits

@@ -128,3 +128,111 @@ func ExampleLocker_Close() {
 	// <nil>
 	// true
 }
+
+// Readers share a key; a writer waits for them, and readers that come
+// after the writer wait for it (no writer starvation).
+func ExampleLocker_RLock() {
+	catalog := fairlock.New[string]()
+	ctx := context.Background()
+	r1, _ := catalog.RLock(owner.NewContext(ctx), "sku-1")
+	r2, _ := catalog.RLock(owner.NewContext(ctx), "sku-1")
+	fmt.Println("two readers hold sku-1:", catalog.Locked("sku-1"))
+
+	_, err := catalog.TryLock(ctx, "sku-1")
+	fmt.Println("a writer now:", err != nil)
+	r1.Unlock()
+	r2.Unlock()
+	w, err := catalog.TryLock(ctx, "sku-1")
+	fmt.Println("a writer once they left:", err == nil)
+	w.Unlock()
+	// Output:
+	// two readers hold sku-1: true
+	// a writer now: true
+	// a writer once they left: true
+}
+
+// A keyed semaphore: at most 2 concurrent exports per tenant, granted in
+// arrival order, each export taking 1 unit and a full re-index all 2.
+func ExampleSemaphore() {
+	exports := fairlock.NewSemaphore[string](2, fairlock.WithName("exports"))
+	defer exports.Close(context.Background())
+	ctx := context.Background()
+
+	a, _ := exports.Acquire(owner.NewContext(ctx), "tenant-9", 1)
+	b, _ := exports.Acquire(owner.NewContext(ctx), "tenant-9", 1)
+	_, err := exports.TryAcquire(owner.NewContext(ctx), "tenant-9", 1)
+	fmt.Println("third export:", errors.Is(err, fairlock.ErrWouldBlock))
+	other, _ := exports.Acquire(owner.NewContext(ctx), "tenant-4", 2)
+	fmt.Println("another tenant is not held up:", other.Key())
+	other.Unlock()
+	a.Unlock()
+	b.Unlock()
+	_, err = exports.Acquire(ctx, "tenant-9", 3)
+	fmt.Println("more units than a key has:", errors.Is(err, fairlock.ErrInvalidWeight))
+	// Output:
+	// third export: true
+	// another tenant is not held up: tenant-4
+	// more units than a key has: true
+}
+
+// fencedStore is a store that refuses writes from a grant that has since
+// ended: it keeps the largest token it has seen per key and refuses any
+// write with a smaller one.
+type fencedStore struct {
+	largest map[string]uint64
+	values  map[string]string
+}
+
+func (s *fencedStore) write(key, value string, token uint64) error {
+	if token < s.largest[key] {
+		return fmt.Errorf("write to %s with token %d refused: a later grant wrote with %d", key, token, s.largest[key])
+	}
+	s.largest[key], s.values[key] = token, value
+	return nil
+}
+
+// Fencing: a holder that stalls past its grant (a long GC pause, a stuck
+// call) and writes afterwards is refused by a store that compares tokens.
+func ExampleGuard_Token() {
+	locks := fairlock.New[string]()
+	store := &fencedStore{largest: map[string]uint64{}, values: map[string]string{}}
+	ctx := context.Background()
+
+	slow, _ := locks.Lock(ctx, "invoice-3")
+	staleToken := slow.Token()
+	slow.Unlock() // say the holder's grant ended while it was paused
+
+	fast, _ := locks.Lock(ctx, "invoice-3")
+	fmt.Println(store.write("invoice-3", "paid", fast.Token()))
+	fast.Unlock()
+
+	fmt.Println(store.write("invoice-3", "draft", staleToken) != nil)
+	fmt.Println(store.values["invoice-3"])
+	// Output:
+	// <nil>
+	// true
+	// paid
+}
+
+// Wait lets the work already under way on a key finish, without taking
+// the key: here, a cache invalidation waits for the writer that was
+// refreshing the entry.
+func ExampleLocker_Wait() {
+	cache := fairlock.New[string]()
+	ctx := context.Background()
+	refresh, _ := cache.Lock(owner.NewContext(ctx), "user:42")
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := cache.Wait(ctx, "user:42"); err == nil {
+			fmt.Println("the refresh has finished; user:42 held now:", cache.Locked("user:42"))
+		}
+	}()
+	for cache.Waiters("user:42") == 0 {
+		runtime.Gosched()
+	}
+	refresh.Unlock()
+	<-done
+	// Output: the refresh has finished; user:42 held now: false
+}

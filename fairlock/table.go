@@ -36,9 +36,11 @@ type table[K comparable] struct {
 	obs       LockerObserver   // nil without WithObserver
 	dbg       *debugState      // nil without WithDebug
 	detector  *detector[K]     // nil without WithDeadlockDetection
-	// liveShards has a bit per shard that has live keys; only with a
-	// long-held watchdog, which walks just those shards.
+	// liveShards has a bit per shard that has live keys, and liveCount
+	// counts those shards; only with a long-held watchdog, which walks just
+	// those shards and sleeps while there are none.
 	liveShards []atomic.Uint64
+	liveCount  atomic.Int64
 
 	reentrant     atomic.Int64 // ErrReentrant returns
 	doubleUnlocks atomic.Int64 // Unlocks of a Guard already unlocked
@@ -184,16 +186,24 @@ func (t *table[K]) now() time.Time {
 	return time.Time{}
 }
 
-// markLive records whether shard i has live keys, for the watchdog.
+// markLive records whether shard i has live keys, for the watchdog, and
+// wakes the watchdog when the first shard gets some.
 func (t *table[K]) markLive(i uint32, live bool) {
 	if t.liveShards == nil {
 		return
 	}
 	word, bit := &t.liveShards[i/64], uint64(1)<<(i%64)
-	if live {
-		word.Or(bit)
-	} else {
+	if !live {
 		word.And(^bit)
+		t.liveCount.Add(-1)
+		return
+	}
+	word.Or(bit)
+	if t.liveCount.Add(1) == 1 {
+		select {
+		case t.dbg.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
 	}
 }
 
