@@ -1,5 +1,5 @@
-// End-to-end tests of the public API: one test per rule of DESIGN.md's
-// Semantics section.
+// End-to-end tests of the public API: one test per rule in
+// docs/guarantees.md.
 package fairlock_test
 
 import (

@@ -19,7 +19,7 @@ import (
 // head waiter's cancellation, and Close (alone or racing an Unlock).
 //
 // The model keeps, per key, its holders and its FIFO queue, and grants by
-// the rule of DESIGN.md: from the head, every request that fits beside
+// the rule of docs/guarantees.md: from the head, every request that fits beside
 // the holders, up to the first that does not (a writer fits only alone, a
 // reader beside readers, a Wait passes when nothing is held, a weight
 // when the units are free). After every step the Locker must agree with

@@ -1,5 +1,5 @@
 // End-to-end tests of shared holds, the keyed Semaphore, fencing tokens
-// and Wait: DESIGN.md, "Shared holds, semaphores, fencing tokens, Wait".
+// and Wait: docs/guarantees.md, "Modes, order, tokens and Wait".
 package fairlock_test
 
 import (

@@ -11,7 +11,7 @@ import (
 	"github.com/fairlock/fairlock/owner"
 )
 
-// TestUncontendedAllocatesNothing holds the promise of DESIGN.md's Cost
+// TestUncontendedAllocatesNothing holds the promise of docs/guarantees.md's Costs
 // section: Lock+Unlock of a free key, TryLock+Unlock, Locked and Waiters
 // allocate nothing with debug and observer off. (Built without -race: the
 // race detector's instrumentation allocates on its own.)

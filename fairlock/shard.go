@@ -172,6 +172,8 @@ func (s *shard[K]) inflate() bool {
 		default:
 			if s.state.CompareAndSwap(st, st|slowBit) {
 				s.gen = st >> genShift
+				var zero K
+				s.fastKey, s.fastOwner = zero, 0 // the last fast grant's, released
 				return true
 			}
 		}
