@@ -119,6 +119,9 @@ type Locker struct {
 	idle     chan struct{}       // cap 1: signalled when calls, held or pending drops
 	doubles  int64               // Unlocks of a Guard already unlocked
 	reentry  int64               // calls refused with ErrReentrant
+
+	watchCancel context.CancelFunc // ends the current watch (tests: PauseWatch)
+	watchGate   chan struct{}      // tests: the next watch starts once it is closed
 }
 
 // New returns a Locker whose keys live under prefix in the etcd cluster

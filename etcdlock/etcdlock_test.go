@@ -461,13 +461,43 @@ func TestLostOnDelete(t *testing.T) {
 	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
 		t.Fatalf("Unlock of a lost grant: %v, want ErrLost", err)
 	}
+	// A queued call whose key is deleted queues again, at the back.
 	g, err = l.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan error)
+	go func() {
+		w, err := l.Lock(owner.NewContext(ctx), "k")
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		done <- err
+	}()
+	waitKeys(t, c, "/del/", 2, 5*time.Second)
+	waiterKey := keysUnder(t, c, "/del/")[1]
+	if _, err := c.Delete(ctx, waiterKey); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for keys := keysUnder(t, c, "/del/"); len(keys) != 2 || keys[1] == waiterKey; keys = keysUnder(t, c, "/del/") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter did not queue again: %q", keys)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case <-g.Lost():
+		t.Fatal("the holder lost its grant when a waiter's key was deleted")
+	default:
+	}
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, c, "/del/", 0, 5*time.Second)
 }
 
 // TestRevokedLease: a lease revoked under a live holder: Lost closes,
@@ -686,4 +716,84 @@ func (o *countingObserver) Unregister() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.unregistered = true
+}
+
+// TestWatchRestart: while the Locker's watch is down, the holder unlocks
+// and another grant's key is deleted; the restarted watch's listing
+// grants the next waiter, keeps the FIFO order, and loses the grant whose
+// key is gone.
+func TestWatchRestart(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/rewatch")
+	ctx := context.Background()
+	g1, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan int, 3)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := l.Lock(owner.NewContext(ctx), "k")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			if err := w.Unlock(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitKeys(t, c, "/rewatch/k/", i+2, 5*time.Second)
+	}
+	resume := etcdlock.PauseWatch(l)
+	if err := g1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Delete(ctx, "/rewatch/other/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	// A call that queues while the watch is down subscribes once it is
+	// back, reading its queue again.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w, err := l.Lock(owner.NewContext(ctx), "k")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		order <- 2
+		if err := w.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitKeys(t, c, "/rewatch/k/", 3, 5*time.Second)
+	select {
+	case i := <-order:
+		t.Fatalf("waiter %d granted while the watch was down", i)
+	case <-other.Lost():
+		t.Fatal("Lost closed while the watch was down")
+	case <-time.After(100 * time.Millisecond):
+	}
+	resume()
+	select {
+	case <-other.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant whose key was deleted during the outage is not lost")
+	}
+	wg.Wait()
+	if a, b, c := <-order, <-order, <-order; a != 0 || b != 1 || c != 2 {
+		t.Fatalf("granted %d, %d, %d after the watch restarted", a, b, c)
+	}
+	if err := other.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock of the lost grant: %v", err)
+	}
+	waitKeys(t, c, "/rewatch/", 0, 5*time.Second)
 }

@@ -185,7 +185,21 @@ func (l *Locker) watchLoop() {
 	defer l.wg.Done()
 	retry := newBackoff()
 	for l.bg.Err() == nil {
+		l.mu.Lock()
+		gate := l.watchGate
+		l.watchGate = nil
+		l.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-l.bg.Done():
+				return
+			}
+		}
 		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.bg))
+		l.mu.Lock()
+		l.watchCancel = cancel
+		l.mu.Unlock()
 		wch := l.client.Watch(ctx, l.root, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 		var err error
 		for resp := range wch {
@@ -219,7 +233,11 @@ func (l *Locker) watchLoop() {
 		if l.bg.Err() != nil {
 			return
 		}
-		l.logger.Warn("etcdlock: watch ended; restarting it", "locker", l.name, "prefix", l.root, "error", err)
+		if err != nil {
+			l.logger.Warn("etcdlock: watch ended; restarting it", "locker", l.name, "prefix", l.root, "error", err)
+		} else {
+			l.logger.Info("etcdlock: watch closed; restarting it", "locker", l.name, "prefix", l.root)
+		}
 		if !retry.wait(l.bg) {
 			return
 		}

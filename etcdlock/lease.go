@@ -138,12 +138,15 @@ func (l *Locker) leaseLoop() {
 }
 
 // keepAlive renews ls until it is lost, and says why; or until l.bg ends.
+// It wakes for the next renewal or for the deadline, whichever is first,
+// so that the lease is given up at its deadline, not a retry later.
 func (l *Locker) keepAlive(ls *lease) string {
 	deadline := ls.sent.Add(ls.ttl - ls.ttl/10)
 	next := ls.sent.Add(ls.ttl / 3)
-	t := time.NewTimer(time.Until(next))
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		t.Reset(min(time.Until(next), time.Until(deadline)))
 		select {
 		case <-t.C:
 		case <-ls.kill:
@@ -151,22 +154,25 @@ func (l *Locker) keepAlive(ls *lease) string {
 		case <-l.bg.Done():
 			return ""
 		}
-		if time.Now().After(deadline) {
+		now := time.Now()
+		if !now.Before(deadline) {
 			return "not renewed for its TTL"
 		}
-		sent := time.Now()
+		if now.Before(next) {
+			continue
+		}
 		ctx, cancel := context.WithDeadline(l.bg, deadline)
 		resp, err := l.client.KeepAliveOnce(ctx, ls.id)
 		cancel()
 		switch {
 		case err == nil && resp.TTL > 0:
 			ttl := time.Duration(resp.TTL) * time.Second
-			deadline = sent.Add(ttl - ttl/10)
-			t.Reset(time.Until(sent.Add(ttl / 3)))
+			deadline = now.Add(ttl - ttl/10)
+			next = now.Add(ttl / 3)
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			return "expired or revoked"
 		default:
-			t.Reset(ls.ttl / 10)
+			next = time.Now().Add(ls.ttl / 10)
 		}
 	}
 }

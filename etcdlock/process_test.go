@@ -457,3 +457,47 @@ func TestServerRestart(t *testing.T) {
 	}
 	waitKeys(t, ca, "/restart/", 0, 10*time.Second)
 }
+
+// TestOutageLongerThanTTL: the server is down for longer than the TTL.
+// The holder cannot renew its lease and sees Lost by the lease's
+// deadline; after the restart its Unlock returns ErrLost (and deletes
+// the key if the lease outlived the outage), and the Locker works again
+// on a new lease.
+func TestOutageLongerThanTTL(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	ca, cb := srv.Client(t), srv.Client(t)
+	la, lb := newLocker(t, ca, "/outage"), newLocker(t, cb, "/outage")
+	ctx := context.Background()
+	ga, err := la.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	stopped := time.Now()
+	select {
+	case <-ga.Lost():
+		t.Logf("Lost closed %v after the server stopped (TTL %v)", time.Since(stopped), testTTL)
+	case <-time.After(testTTL + 5*time.Second):
+		t.Fatal("Lost not closed while the server was down for longer than the TTL")
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := ga.Unlock(uctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock after the outage: %v, want ErrLost", err)
+	}
+	for _, l := range []*etcdlock.Locker{lb, la} {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		g, err := l.Lock(lctx, "k")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitKeys(t, ca, "/outage/", 0, 10*time.Second)
+}
