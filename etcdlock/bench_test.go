@@ -156,17 +156,24 @@ func BenchmarkUncontended(b *testing.B) {
 	reportQuantiles(b, samples, "lock+unlock")
 }
 
-// reportQuantiles reports each implementation's median and 99th
+// reportQuantiles reports each implementation's mean, median and 99th
 // percentile in milliseconds, and etcdlock's over the Mutex's.
 func reportQuantiles(b *testing.B, samples [2][]time.Duration, what string) {
-	var p50, p99 [2]float64
+	var mean, p50, p99 [2]float64
 	for i, s := range samples {
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		mean[i] = float64(sum) / float64(len(s)) / float64(time.Millisecond)
 		slices.Sort(s)
 		p50[i] = quantile(s, 0.50)
 		p99[i] = quantile(s, 0.99)
+		b.ReportMetric(mean[i], implNames[i]+"-"+what+"-mean-ms")
 		b.ReportMetric(p50[i], implNames[i]+"-"+what+"-p50-ms")
 		b.ReportMetric(p99[i], implNames[i]+"-"+what+"-p99-ms")
 	}
+	b.ReportMetric(mean[0]/mean[1], "mean-ratio")
 	b.ReportMetric(p50[0]/p50[1], "p50-ratio")
 	b.ReportMetric(p99[0]/p99[1], "p99-ratio")
 }

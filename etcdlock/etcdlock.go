@@ -66,12 +66,11 @@ const (
 	// startTimeout bounds New's lease grant and watch creation.
 	startTimeout = 10 * time.Second
 	// cleanupTimeout bounds a deletion made on a detached context (a
-	// cancelled waiter's key, Close's revoke). A deletion that fails is
-	// retried in the background until it succeeds or the lease ends.
+	// cancelled waiter's key, Close's revoke), and how long an enqueueing
+	// transaction may go on after its call returned. A deletion that
+	// fails is retried in the background until it succeeds or the lease
+	// ends.
 	cleanupTimeout = 5 * time.Second
-	// opTimeout bounds a write whose outcome must be known (a call's
-	// enqueueing transaction), which runs on a detached context.
-	opTimeout = 30 * time.Second
 )
 
 // lockers counts Lockers made, for default names.

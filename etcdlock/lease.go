@@ -72,12 +72,16 @@ func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
 }
 
 // leaseFailed makes the lease loop abandon ls now: a write with it found
-// it gone.
+// it gone. Calls wait for the next lease from here on.
 func (l *Locker) leaseFailed(ls *lease) {
 	l.mu.Lock()
 	if !ls.dead {
 		ls.dead = true
 		close(ls.kill)
+	}
+	if l.lease == ls {
+		l.lease = nil
+		l.leaseCh = make(chan struct{})
 	}
 	l.mu.Unlock()
 }
@@ -300,23 +304,23 @@ type pendingTxn struct {
 }
 
 // commit runs txn, which may write the etcd key name, on a context that
-// ctx's cancellation does not reach (bounded by opTimeout), so that its
-// outcome is always known. If ctx ends first, commit returns the
-// context's error at once and the transaction finishes in the
-// background, where wrote says whether it wrote name and, if so, the key
-// is deleted. A transaction that fails leaves an unknown outcome: the
-// janitor deletes name if it shows up. Close waits for background
-// transactions.
+// ctx's cancellation does not reach, so that its outcome is always known.
+// If ctx ends (or the Locker closes) first, commit returns the context's
+// error (or ErrClosed) at once and the transaction finishes in the
+// background, given at most cleanupTimeout more; wrote then says whether
+// it wrote name, and if so the key is deleted. A transaction that fails
+// leaves an unknown outcome: the janitor deletes name if it shows up.
+// Close waits for background transactions.
 func (l *Locker) commit(ctx context.Context, name string, txn func(context.Context) (*clientv3.TxnResponse, error), wrote func(*clientv3.TxnResponse) bool) (*clientv3.TxnResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, contextError(ctx)
 	}
 	p := &pendingTxn{done: make(chan txnResult, 1)}
+	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.mu.Lock()
 	l.pending++
 	l.mu.Unlock()
 	go func() {
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		resp, err := txn(tctx)
 		cancel()
 		r := txnResult{resp, err}
@@ -335,9 +339,15 @@ func (l *Locker) commit(ctx context.Context, name string, txn func(context.Conte
 		l.mu.Unlock()
 	}()
 	var r txnResult
+	var stop error
 	select {
 	case r = <-p.done:
 	case <-ctx.Done():
+		stop = contextError(ctx)
+	case <-l.closing:
+		stop = errClosed
+	}
+	if stop != nil {
 		l.mu.Lock()
 		select {
 		case r = <-p.done:
@@ -346,8 +356,9 @@ func (l *Locker) commit(ctx context.Context, name string, txn func(context.Conte
 		default:
 			p.abandoned = true
 			l.mu.Unlock()
+			time.AfterFunc(cleanupTimeout, cancel)
 		}
-		return nil, contextError(ctx)
+		return nil, stop
 	}
 	if r.err != nil && !errors.Is(r.err, rpctypes.ErrLeaseNotFound) {
 		// Unknown outcome: the write may have been applied.
