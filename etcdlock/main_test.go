@@ -33,7 +33,7 @@ func leakOptions() []goleak.Option {
 // testTTL is the lease TTL of the tests' Lockers: short, so that tests of
 // lost leases run fast, and two keep-alive periods above the slowest
 // scheduling hiccup seen under -race on a loaded 2-core machine.
-const testTTL = 2 * time.Second
+const testTTL = 3 * time.Second
 
 // newLocker returns a Locker on client under prefix, closed by t.Cleanup
 // (which fails the test if Close fails).

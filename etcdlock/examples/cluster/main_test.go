@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 func TestDemo(t *testing.T) {
 	*contend = time.Second
 	*rounds = 3
+	*ttl = 3 * time.Second // under -race on a loaded machine, a 2 s lease can miss its renewals
 	*run = "test"
 	if err := demo(); err != nil {
 		t.Fatal(err)
