@@ -83,7 +83,9 @@ var lockers atomic.Int64
 // A Locker holds one lease (renewed every third of its TTL while the
 // Locker is open), one watch on its prefix, and three goroutines: the
 // lease's renewal, the watch's dispatch, and a janitor that retries
-// deletions that failed. Close stops them.
+// deletions that failed; and, while they run, one goroutine per
+// enqueueing transaction and per abandoned lease being revoked. Close
+// stops them all.
 type Locker struct {
 	client *clientv3.Client
 	prefix string // as given to New

@@ -23,9 +23,9 @@ import (
 // its deadline passes without a renewal. Then every grant on it is lost
 // (Lost closes), every queued call on it queues again under the next
 // lease (its place is gone with its key), the old lease is revoked in the
-// background, best effort (its keys go at once if the server is
-// reachable, else when it expires), and the loop grants a new lease for
-// later calls: the Locker does not die with its session.
+// background (retried for up to twice the TTL: its keys go as soon as the
+// server is reachable, else when it expires), and the loop grants a new
+// lease for later calls: the Locker does not die with its session.
 
 // lease is one etcd lease of a Locker.
 type lease struct {
@@ -115,7 +115,7 @@ func (l *Locker) leaseLoop() {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			_ = l.revoke(old)
+			l.revokeAbandoned(old)
 		}()
 		retry := newBackoff()
 		for {
@@ -177,6 +177,22 @@ func (l *Locker) keepAlive(ls *lease) string {
 			return "expired or revoked"
 		default:
 			next = time.Now().Add(ls.ttl / 10)
+		}
+	}
+}
+
+// revokeAbandoned revokes a lease the Locker gave up, so that the keys
+// still attached to it (grants lost to a renewal deadline while etcd was
+// unreachable, say) do not keep others waiting until it expires. It
+// retries until the revoke succeeds, for at most twice the TTL (by then
+// the lease has expired on the server, unless a new leader extended it),
+// or until the Locker closes.
+func (l *Locker) revokeAbandoned(ls *lease) {
+	giveUp := time.Now().Add(2 * ls.ttl)
+	retry := newBackoff()
+	for l.revoke(ls) != nil && time.Now().Before(giveUp) {
+		if !retry.wait(l.bg) {
+			return
 		}
 	}
 }
