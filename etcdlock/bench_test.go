@@ -1,0 +1,190 @@
+package etcdlock_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/etcdlock"
+	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// The benchmarks measure etcdlock beside etcd's own concurrency.Mutex on
+// one embedded server, alternating the two within each iteration so that
+// both see the same machine and the same server state. Run them with a
+// count of iterations, not a duration: a concurrency.Mutex hand-off takes
+// about 100 ms.
+//
+//	go test -run '^$' -bench . -benchtime 200x
+
+// mutexLock is one lock implementation under benchmark: lock blocks
+// until it holds key and returns the function that unlocks it.
+type mutexLock interface {
+	lock(ctx context.Context, key string) (unlock func(), err error)
+}
+
+type etcdlockImpl struct{ l *etcdlock.Locker }
+
+func (e etcdlockImpl) lock(ctx context.Context, key string) (func(), error) {
+	g, err := e.l.Lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = g.Unlock(ctx) }, nil
+}
+
+// etcdMutex is etcd's concurrency.Mutex with one session per
+// implementation, as its users make it (one Mutex per Lock call: a Mutex
+// is not reusable concurrently).
+type etcdMutex struct{ s *concurrency.Session }
+
+func (e etcdMutex) lock(ctx context.Context, key string) (func(), error) {
+	m := concurrency.NewMutex(e.s, "/mutex/"+key)
+	if err := m.Lock(ctx); err != nil {
+		return nil, err
+	}
+	return func() { _ = m.Unlock(ctx) }, nil
+}
+
+// benchSetup starts a server and returns, for each implementation, a
+// holder side and a waiter side on separate clients (as two processes
+// would have).
+func benchSetup(b *testing.B) (client *clientv3.Client, holders, waiters [2]mutexLock) {
+	srv := etcdtest.StartServer(b)
+	client = srv.Client(b)
+	for i := range 2 {
+		c := srv.Client(b)
+		l, err := etcdlock.New(c, "/etcdlock")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = l.Close(context.Background()) })
+		s, err := concurrency.NewSession(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		if i == 0 {
+			holders = [2]mutexLock{etcdlockImpl{l}, etcdMutex{s}}
+		} else {
+			waiters = [2]mutexLock{etcdlockImpl{l}, etcdMutex{s}}
+		}
+	}
+	return client, holders, waiters
+}
+
+var implNames = [2]string{"etcdlock", "mutex"}
+var implPrefixes = [2]string{"/etcdlock/", "/mutex/"}
+
+// BenchmarkHandOff measures the hand-off to a freshly queued waiter: a
+// holder holds the key, a waiter on another client calls Lock, and as
+// soon as the waiter's key is visible in etcd the holder unlocks. The
+// hand-off is the time from the holder's Unlock call to the waiter's Lock
+// return. It reports the median and 99th percentile for etcdlock and for
+// concurrency.Mutex, and etcdlock's divided by the Mutex's.
+func BenchmarkHandOff(b *testing.B) {
+	client, holders, waiters := benchSetup(b)
+	ctx := context.Background()
+	var samples [2][]time.Duration
+	for b.Loop() {
+		for i := range 2 {
+			d, err := handOff(ctx, client, holders[i], waiters[i], implPrefixes[i], "k")
+			if err != nil {
+				b.Fatal(err)
+			}
+			samples[i] = append(samples[i], d)
+		}
+	}
+	reportQuantiles(b, samples, "handoff")
+}
+
+// handOff runs one hand-off and returns its duration.
+func handOff(ctx context.Context, client *clientv3.Client, holder, waiter mutexLock, prefix, key string) (time.Duration, error) {
+	unlock, err := holder.lock(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	type result struct {
+		unlock func()
+		at     time.Time
+		err    error
+	}
+	granted := make(chan result, 1)
+	go func() {
+		u, err := waiter.lock(ctx, key)
+		granted <- result{u, time.Now(), err}
+	}()
+	for { // until the waiter's key is in etcd
+		resp, err := client.Get(ctx, prefix+key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, err
+		}
+		if resp.Count == 2 {
+			break
+		}
+	}
+	start := time.Now()
+	unlock()
+	r := <-granted
+	if r.err != nil {
+		return 0, r.err
+	}
+	r.unlock()
+	return r.at.Sub(start), nil
+}
+
+// BenchmarkUncontended measures Lock+Unlock of a free key: etcdlock's and
+// concurrency.Mutex's (on a session made beforehand), and their ratio.
+func BenchmarkUncontended(b *testing.B) {
+	_, holders, _ := benchSetup(b)
+	ctx := context.Background()
+	var samples [2][]time.Duration
+	for b.Loop() {
+		for i := range 2 {
+			start := time.Now()
+			unlock, err := holders[i].lock(ctx, "free")
+			if err != nil {
+				b.Fatal(err)
+			}
+			unlock()
+			samples[i] = append(samples[i], time.Since(start))
+		}
+	}
+	reportQuantiles(b, samples, "lock+unlock")
+}
+
+// reportQuantiles reports each implementation's mean, median and 99th
+// percentile in milliseconds, and etcdlock's over the Mutex's.
+func reportQuantiles(b *testing.B, samples [2][]time.Duration, what string) {
+	var mean, p50, p99 [2]float64
+	for i, s := range samples {
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		mean[i] = float64(sum) / float64(len(s)) / float64(time.Millisecond)
+		slices.Sort(s)
+		p50[i] = quantile(s, 0.50)
+		p99[i] = quantile(s, 0.99)
+		b.ReportMetric(mean[i], implNames[i]+"-"+what+"-mean-ms")
+		b.ReportMetric(p50[i], implNames[i]+"-"+what+"-p50-ms")
+		b.ReportMetric(p99[i], implNames[i]+"-"+what+"-p99-ms")
+	}
+	b.ReportMetric(mean[0]/mean[1], "mean-ratio")
+	b.ReportMetric(p50[0]/p50[1], "p50-ratio")
+	b.ReportMetric(p99[0]/p99[1], "p99-ratio")
+}
+
+// quantile returns the q-quantile of sorted, in milliseconds (nearest
+// rank).
+func quantile(sorted []time.Duration, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	return float64(sorted[i]) / float64(time.Millisecond)
+}

@@ -1,0 +1,56 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/owner"
+)
+
+// ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
+// that Guard.Unlock returns for a grant that was lost before it was
+// unlocked: its lease expired or was revoked, its key was deleted by
+// someone else, or the Locker could not renew the lease for a TTL (see
+// Guard.Lost). Another process may have held the key since; anything
+// written under the grant must be checked with its fencing token.
+var ErrLost = errors.New("fairlock: lock lost: its lease ended or its key was deleted by someone else")
+
+// lockError builds the error a call returns: a *fairlock.LockError naming
+// the operation, the key and the owner. Its message renders the key
+// quoted, control characters escaped.
+func lockError(op, key string, id owner.ID, err error) error {
+	return &fairlock.LockError{Op: op, Key: key, Owner: id, Err: err}
+}
+
+// contextError returns the error to report for a done ctx: its cause when
+// one was set with a Cause function and differs, else ctx.Err(), as
+// package fairlock does. Both stay reachable through errors.Is.
+func contextError(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}
+
+// resultOf classifies a call's error for an Observer.
+func resultOf(err error) fairlock.Result {
+	switch {
+	case err == nil:
+		return fairlock.Acquired
+	case errors.Is(err, fairlock.ErrReentrant):
+		return fairlock.Reentrant
+	case errors.Is(err, fairlock.ErrWouldBlock):
+		return fairlock.WouldBlock
+	case errors.Is(err, fairlock.ErrClosed):
+		return fairlock.Closed
+	case errors.Is(err, context.DeadlineExceeded):
+		return fairlock.DeadlineExceeded
+	default:
+		// context.Canceled, and errors from etcd (unreachable, …): the
+		// call ended without a grant for a reason outside the lock.
+		return fairlock.Canceled
+	}
+}

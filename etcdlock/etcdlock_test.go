@@ -1,0 +1,799 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/etcdlock"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/owner"
+	"github.com/google/go-cmp/cmp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestLockUnlock(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/t")
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Key() != "k" || g.Token() == 0 {
+		t.Fatalf("Key %q Token %d", g.Key(), g.Token())
+	}
+	if locked, err := l.Locked(ctx, "k"); err != nil || !locked {
+		t.Fatalf("Locked = %v, %v while held", locked, err)
+	}
+	keys := keysUnder(t, c, "/t/")
+	if len(keys) != 1 || !strings.HasPrefix(keys[0], "/t/k/") {
+		t.Fatalf("keys under the prefix: %q", keys)
+	}
+	resp, err := c.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/data/k", "1")).Commit()
+	if err != nil || !resp.Succeeded {
+		t.Fatalf("fenced write while held: %v, %v", resp, err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock: %v", err)
+	}
+	if locked, err := l.Locked(ctx, "k"); err != nil || locked {
+		t.Fatalf("Locked = %v, %v after Unlock", locked, err)
+	}
+	if keys := keysUnder(t, c, "/t/"); len(keys) != 0 {
+		t.Fatalf("keys left: %q", keys)
+	}
+	select {
+	case <-g.Lost():
+		t.Fatal("Lost closed by Unlock")
+	default:
+	}
+}
+
+// TestFIFO queues waiters in a known order (each waiter's key is seen in
+// etcd before the next one starts) and checks that they are granted in
+// that order with increasing tokens.
+func TestFIFO(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/fifo")
+	ctx := context.Background()
+	first, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 12 // more than the eight keys a waiter subscribes to
+	var (
+		mu     sync.Mutex
+		order  []int
+		tokens []uint64
+		wg     sync.WaitGroup
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := l.Lock(ctx, "k")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			tokens = append(tokens, g.Token())
+			mu.Unlock()
+			if err := g.Unlock(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitKeys(t, c, "/fifo/", i+2, 5*time.Second)
+	}
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	want := make([]int, n)
+	for i := range want {
+		want[i] = i
+	}
+	if diff := cmp.Diff(want, order); diff != "" {
+		t.Errorf("grant order (-queued +granted):\n%s", diff)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Errorf("tokens not increasing: %v", tokens)
+			break
+		}
+	}
+	if tokens[0] <= first.Token() {
+		t.Errorf("token %d after %d", tokens[0], first.Token())
+	}
+	waitKeys(t, c, "/fifo/", 0, 5*time.Second)
+}
+
+// TestTryLockNeverOvertakes: once a waiter is queued, TryLock fails even
+// in the instant after the holder released, until the waiter is done.
+func TestTryLockNeverOvertakes(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/try")
+	other := newLocker(t, c, "/try")
+	ctx := context.Background()
+	g, err := l.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+		t.Fatalf("TryLock of a held key: %v", err)
+	}
+	granted := make(chan *etcdlock.Guard)
+	go func() {
+		w, err := other.Lock(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- w
+	}()
+	waitKeys(t, c, "/try/", 2, 5*time.Second)
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+		t.Fatalf("TryLock behind a waiter after the release: %v", err)
+	}
+	w := <-granted
+	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+		t.Fatalf("TryLock while the waiter holds: %v", err)
+	}
+	var le *fairlock.LockError
+	_, err = l.TryLock(ctx, "k")
+	if !errors.As(err, &le) || le.Op != "TryLock" || le.Key != "k" || !strings.Contains(err.Error(), `"k"`) {
+		t.Fatalf("error %v does not name the call and key", err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, err = l.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryLock of a free key: %v", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, c, "/try/", 0, 5*time.Second)
+}
+
+// TestReentrant: an owner that holds a key gets ErrReentrant at once; a
+// different owner waits.
+func TestReentrant(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/re", etcdlock.WithDebug())
+	ctx := owner.NewContext(context.Background())
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range map[string]func() error{
+		"Lock":     func() error { _, err := l.Lock(ctx, "k"); return err },
+		"TryLock":  func() error { _, err := l.TryLock(ctx, "k"); return err },
+		"Wait":     func() error { return l.Wait(ctx, "k") },
+		"LockMany": func() error { _, err := etcdlock.LockMany(ctx, l, "j", "k"); return err },
+	} {
+		if err := call(); !errors.Is(err, fairlock.ErrReentrant) {
+			t.Errorf("%s by the holder: %v, want ErrReentrant", name, err)
+		}
+	}
+	if keys := keysUnder(t, c, "/re/"); len(keys) != 1 {
+		t.Errorf("reentrant calls left keys: %q", keys)
+	}
+	// Another flow waits for the holder.
+	other := owner.NewContext(context.Background())
+	tctx, cancel := context.WithTimeout(other, 100*time.Millisecond)
+	defer cancel()
+	if _, err := l.Lock(tctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock by another owner: %v, want a deadline", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := l.Lock(other, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g2.Unlock(other); err != nil {
+		t.Fatal(err)
+	}
+	st := registry.Snapshot("", 0)
+	var found bool
+	for _, s := range st {
+		if s.Kind == "etcdlock.Locker" && s.Reentrant == 4 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("debug state does not count 4 reentrant calls: %+v", st)
+	}
+}
+
+// TestStaleUnlock: a second Unlock of a Guard, after the key was granted
+// again, does nothing to the new grant.
+func TestStaleUnlock(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/stale")
+	ctx := context.Background()
+	g1, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Unlock(ctx); err != nil {
+		t.Fatalf("stale Unlock: %v", err)
+	}
+	resp, err := c.Txn(ctx).If(g2.IsOwner()).Commit()
+	if err != nil || !resp.Succeeded {
+		t.Fatalf("the new grant is gone after a stale Unlock: %v %v", resp, err)
+	}
+	if resp, _ := c.Txn(ctx).If(g1.IsOwner()).Commit(); resp.Succeeded {
+		t.Fatal("the old grant's IsOwner holds")
+	}
+	select {
+	case <-g2.Lost():
+		t.Fatal("the new grant is lost")
+	default:
+	}
+	if err := g2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWait: Wait returns at once on a free key, waits for the holder, and
+// later calls queue behind it.
+func TestWait(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/wait")
+	ctx := context.Background()
+	if err := l.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if keys := keysUnder(t, c, "/wait/"); len(keys) != 0 {
+		t.Fatalf("Wait on a free key wrote %q", keys)
+	}
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- l.Wait(owner.NewContext(ctx), "k") }()
+	waitKeys(t, c, "/wait/", 2, 5*time.Second)
+	if _, err := l.TryLock(owner.NewContext(ctx), "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+		t.Fatalf("TryLock behind a Wait: %v", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned %v while the key is held", err)
+	default:
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, c, "/wait/", 0, 5*time.Second)
+}
+
+// TestKeyEscaping: "a", "a/b" and keys holding '%' are independent.
+func TestKeyEscaping(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/esc/")
+	ctx := context.Background()
+	keys := []string{"a", "a/b", "a%2Fb", "a/", "", "%", "/"}
+	var gs []*etcdlock.Guard
+	for _, k := range keys {
+		g, err := l.TryLock(ctx, k)
+		if err != nil {
+			t.Fatalf("TryLock(%q) beside the others: %v", k, err)
+		}
+		gs = append(gs, g)
+	}
+	for _, name := range keysUnder(t, c, "/esc/") {
+		k, ok := etcdlock.UnescapeKey("/esc", name)
+		if !ok {
+			t.Errorf("UnescapeKey(%q) failed", name)
+		}
+		found := false
+		for _, g := range gs {
+			found = found || g.Key() == k
+		}
+		if !found {
+			t.Errorf("UnescapeKey(%q) = %q, not a locked key", name, k)
+		}
+	}
+	for _, g := range gs {
+		if err := g.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCancelLeavesNoKeys: 100 waiters with random timeouts, some granted,
+// most not; when all have returned and the grants are released, nothing
+// is left under the prefix. Close leaves nothing either.
+func TestCancelLeavesNoKeys(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/cancel")
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var granted, canceled sync.Map
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx, cancel := context.WithTimeout(ctx, time.Duration(rand.IntN(300))*time.Millisecond)
+			defer cancel()
+			w, err := l.Lock(tctx, "k")
+			switch {
+			case err == nil:
+				granted.Store(i, true)
+				time.Sleep(time.Millisecond)
+				if err := w.Unlock(ctx); err != nil {
+					t.Error(err)
+				}
+			case errors.Is(err, context.DeadlineExceeded):
+				canceled.Store(i, true)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	time.Sleep(150 * time.Millisecond) // let some time out while the key is held
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	var ng, nc int
+	granted.Range(func(any, any) bool { ng++; return true })
+	canceled.Range(func(any, any) bool { nc++; return true })
+	t.Logf("%d granted, %d timed out", ng, nc)
+	if nc == 0 {
+		t.Error("no waiter timed out: the test did not test cancellation")
+	}
+	waitKeys(t, c, "/cancel/", 0, 10*time.Second)
+
+	// Close with queued waiters: they get ErrClosed, and nothing stays.
+	h, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 10)
+	for range 10 {
+		go func() {
+			_, err := l.Lock(owner.NewContext(ctx), "k")
+			errs <- err
+		}()
+	}
+	waitKeys(t, c, "/cancel/", 11, 5*time.Second)
+	closed := make(chan error)
+	go func() { closed <- l.Close(ctx) }()
+	for range 10 {
+		if err := <-errs; !errors.Is(err, fairlock.ErrClosed) {
+			t.Errorf("waiter at Close: %v, want ErrClosed", err)
+		}
+	}
+	waitKeys(t, c, "/cancel/", 1, 5*time.Second) // the holder's
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if keys := keysUnder(t, c, "/cancel/"); len(keys) != 0 {
+		t.Fatalf("keys after Close: %q", keys)
+	}
+	if _, err := l.Lock(ctx, "k"); !errors.Is(err, fairlock.ErrClosed) {
+		t.Fatalf("Lock after Close: %v", err)
+	}
+}
+
+// TestCloseRevokesHolders: Close whose ctx ends with a grant still held
+// revokes the lease: the grant is lost and nothing stays in etcd.
+func TestCloseRevokesHolders(t *testing.T) {
+	c := startClient(t)
+	l, err := etcdlock.New(c, "/close", etcdlock.WithTTL(testTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := l.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a holder: %v", err)
+	}
+	<-g.Lost()
+	if keys := keysUnder(t, c, "/close/"); len(keys) != 0 {
+		t.Fatalf("keys after Close: %q", keys)
+	}
+	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock after Close: %v, want ErrLost", err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestLostOnDelete: a grant whose key someone else deletes is lost.
+func TestLostOnDelete(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/del")
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Delete(ctx, "/del/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed 5 s after the key was deleted")
+	}
+	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock of a lost grant: %v, want ErrLost", err)
+	}
+	// A queued call whose key is deleted queues again, at the back.
+	g, err = l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		w, err := l.Lock(owner.NewContext(ctx), "k")
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		done <- err
+	}()
+	waitKeys(t, c, "/del/", 2, 5*time.Second)
+	waiterKey := keysUnder(t, c, "/del/")[1]
+	if _, err := c.Delete(ctx, waiterKey); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for keys := keysUnder(t, c, "/del/"); len(keys) != 2 || keys[1] == waiterKey; keys = keysUnder(t, c, "/del/") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter did not queue again: %q", keys)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case <-g.Lost():
+		t.Fatal("the holder lost its grant when a waiter's key was deleted")
+	default:
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, c, "/del/", 0, 5*time.Second)
+}
+
+// TestRevokedLease: a lease revoked under a live holder: Lost closes,
+// Unlock returns ErrLost, a write fenced by the grant fails, and the
+// Locker goes on with a new lease.
+func TestRevokedLease(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/revoke")
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Get(ctx, "/revoke/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	revoked := time.Now()
+	if _, err := c.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g.Lost():
+		t.Logf("Lost closed %v after the revoke", time.Since(revoked))
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed 5 s after the revoke")
+	}
+	if tr, err := c.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/data", "x")).Commit(); err != nil || tr.Succeeded {
+		t.Fatalf("fenced write with a revoked grant: %v %v", tr, err)
+	}
+	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock of a revoked grant: %v, want ErrLost", err)
+	}
+	g2, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err = c.Get(ctx, "/revoke/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) == lease {
+		t.Fatalf("after the revoke: %v %v", resp, err)
+	}
+	if g2.Token() <= g.Token() {
+		t.Fatalf("token %d after %d", g2.Token(), g.Token())
+	}
+	if err := g2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockMany locks sorted, all or nothing.
+func TestLockMany(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/many")
+	ctx := context.Background()
+	m, err := etcdlock.LockMany(ctx, l, "c", "a", "b", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range m.Guards() {
+		got = append(got, g.Key())
+	}
+	if diff := cmp.Diff([]string{"a", "b", "c"}, got); diff != "" {
+		t.Fatalf("keys (-want +got):\n%s", diff)
+	}
+	// All or nothing: "c" is held, so a LockMany of b..d by another owner
+	// that times out holds nothing afterwards.
+	other := owner.NewContext(ctx)
+	tctx, cancel := context.WithTimeout(other, 100*time.Millisecond)
+	defer cancel()
+	if _, err := etcdlock.LockMany(tctx, l, "d", "c", "b"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LockMany over held keys: %v", err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, c, "/many/", 0, 5*time.Second)
+	// Two flows locking overlapping sets in opposite orders never deadlock.
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keys := []string{"x", "y", "z"}
+			if i%2 == 1 {
+				keys = []string{"z", "y", "x"}
+			}
+			for range 5 {
+				m, err := etcdlock.LockMany(owner.NewContext(ctx), l, keys...)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := m.Unlock(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := etcdlock.LockMany(ctx, l); err != nil {
+		t.Fatalf("LockMany of nothing: %v", err)
+	}
+}
+
+// TestDebugAndObserver: WithDebug lists this process's holder and
+// waiters; WithObserver counts results.
+func TestDebugAndObserver(t *testing.T) {
+	c := startClient(t)
+	obs := &countingObserver{}
+	l := newLocker(t, c, "/dbg", etcdlock.WithDebug(), etcdlock.WithName("dbg-test"), etcdlock.WithObserver(obs))
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k\n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w, err := l.Lock(owner.NewContext(ctx), "k\n1")
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	waitKeys(t, c, "/dbg/", 2, 5*time.Second)
+	st := registry.Snapshot("dbg-test", 0)
+	if len(st) != 1 || len(st[0].Held) != 1 {
+		t.Fatalf("snapshot: %+v", st)
+	}
+	k := st[0].Held[0]
+	if k.Key != `"k\n1"` || len(k.Holders) != 1 || k.Holders[0].Token != g.Token() || len(k.Waiters) != 1 {
+		t.Fatalf("key state: %+v", k)
+	}
+	if s := obs.stats(); s.Keys != 1 || s.Waiters != 1 {
+		t.Fatalf("observer stats %+v", s)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	g, err = l.TryLock(ctx, "k\n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(ctx, "k\n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(ctx, "k\n1"); !errors.Is(err, fairlock.ErrReentrant) {
+		t.Fatal(err)
+	}
+	obs.mu.Lock()
+	acq, rel, reent := obs.acquired, obs.released, obs.reentrant
+	obs.mu.Unlock()
+	if acq != 4 || rel != 3 || reent != 1 {
+		t.Fatalf("observer: %d acquired, %d released, %d reentrant; want 4, 3, 1", acq, rel, reent)
+	}
+	// The last grant is left held: Close (in Cleanup) revokes it; with a
+	// short ctx it reports it.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if err := l.Close(cctx); err == nil || !strings.Contains(err.Error(), "1 grants still held") {
+		t.Fatalf("Close with a holder: %v", err)
+	}
+	if !obs.unregistered || len(registry.Snapshot("dbg-test", 0)) != 0 {
+		t.Fatal("Close did not unregister")
+	}
+}
+
+// countingObserver counts what a Locker reports.
+type countingObserver struct {
+	mu                            sync.Mutex
+	acquired, released, reentrant int
+	statsFn                       func() fairlock.Stats
+	unregistered                  bool
+}
+
+func (o *countingObserver) stats() fairlock.Stats {
+	o.mu.Lock()
+	f := o.statsFn
+	o.mu.Unlock()
+	return f()
+}
+
+func (o *countingObserver) Register(_ string, stats func() fairlock.Stats) fairlock.LockerObserver {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.statsFn = stats
+	return o
+}
+
+func (o *countingObserver) Acquire(r fairlock.Result, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch r {
+	case fairlock.Acquired:
+		o.acquired++
+	case fairlock.Reentrant:
+		o.reentrant++
+	}
+}
+
+func (o *countingObserver) Release(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.released++
+}
+
+func (o *countingObserver) Unregister() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.unregistered = true
+}
+
+// TestWatchRestart: while the Locker's watch is down, the holder unlocks
+// and another grant's key is deleted; the restarted watch's listing
+// grants the next waiter, keeps the FIFO order, and loses the grant whose
+// key is gone.
+func TestWatchRestart(t *testing.T) {
+	c := startClient(t)
+	l := newLocker(t, c, "/rewatch")
+	ctx := context.Background()
+	g1, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan int, 3)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := l.Lock(owner.NewContext(ctx), "k")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			if err := w.Unlock(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitKeys(t, c, "/rewatch/k/", i+2, 5*time.Second)
+	}
+	resume := etcdlock.PauseWatch(l)
+	if err := g1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Delete(ctx, "/rewatch/other/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	// A call that queues while the watch is down subscribes once it is
+	// back, reading its queue again.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w, err := l.Lock(owner.NewContext(ctx), "k")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		order <- 2
+		if err := w.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitKeys(t, c, "/rewatch/k/", 3, 5*time.Second)
+	select {
+	case i := <-order:
+		t.Fatalf("waiter %d granted while the watch was down", i)
+	case <-other.Lost():
+		t.Fatal("Lost closed while the watch was down")
+	case <-time.After(100 * time.Millisecond):
+	}
+	resume()
+	select {
+	case <-other.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant whose key was deleted during the outage is not lost")
+	}
+	wg.Wait()
+	if a, b, c := <-order, <-order, <-order; a != 0 || b != 1 || c != 2 {
+		t.Fatalf("granted %d, %d, %d after the watch restarted", a, b, c)
+	}
+	if err := other.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock of the lost grant: %v", err)
+	}
+	waitKeys(t, c, "/rewatch/", 0, 5*time.Second)
+}
