@@ -463,12 +463,15 @@ func row(tw *tabwriter.Writer, cells ...string) {
 	fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 }
 
-// sig3 formats x with about three significant digits and no exponent.
+// sig3 formats x with about three significant digits (two below 0.01)
+// and no exponent.
 func sig3(x float64) string {
 	a := math.Abs(x)
 	switch {
 	case a == 0:
 		return "0"
+	case a < 0.01:
+		return strconv.FormatFloat(x, 'f', 1-int(math.Floor(math.Log10(a))), 64)
 	case a < 10:
 		return strconv.FormatFloat(x, 'f', 2, 64)
 	case a < 100:

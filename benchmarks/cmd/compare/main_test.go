@@ -153,6 +153,9 @@ func TestValue(t *testing.T) {
 	if got := ratio(stat{26.2, 0, 0, true}, stat{71.6, 0, 0, true}); got != "0.37×" {
 		t.Errorf("ratio = %q, want 0.37×", got)
 	}
+	if got := ratio(stat{0.11, 0, 0, true}, stat{53.7, 0, 0, true}); got != "0.0020×" {
+		t.Errorf("ratio of 0.11 to 53.7 = %q, want 0.0020×", got)
+	}
 	if got := ratio(stat{26.2, 0, 0, true}, stat{}); got != "n/a" {
 		t.Errorf("ratio against no figure = %q, want n/a", got)
 	}
