@@ -4,8 +4,8 @@
 // ratio to each peer. It writes two PNG plots: the hot-key wait
 // distribution as a CCDF and throughput against goroutines.
 //
-//	cd benchmarks && go run ./cmd/compare              # about two minutes
-//	cd benchmarks && go run ./cmd/compare -quick       # about fifteen seconds (CI)
+//	cd benchmarks && go run ./cmd/compare              # 5 rounds of 500ms runs
+//	cd benchmarks && go run ./cmd/compare -quick       # 2 rounds of 100ms runs (CI)
 //	cd benchmarks && go run ./cmd/compare -markdown    # the tables of docs/performance.md
 //
 // Rounds. Each round measures every scenario once for every
