@@ -1,12 +1,11 @@
 package benchmarks
 
 import (
+	"math"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.uber.org/goleak"
 )
 
@@ -47,8 +46,22 @@ func BenchmarkHotKey(b *testing.B) {
 	}
 }
 
+// BenchmarkBlockingHolder reports throughput and CPU per grant for 8
+// goroutines on one key whose holder sleeps 1ms. Each run lasts b.N × 10ms
+// of wall time.
+func BenchmarkBlockingHolder(b *testing.B) {
+	for _, impl := range Impls() {
+		b.Run(impl.Name, func(b *testing.B) {
+			report(b, BlockingHolder(impl, 8, time.Millisecond, time.Duration(b.N)*10*time.Millisecond))
+		})
+	}
+}
+
 func report(b *testing.B, c Contended) {
 	b.ReportMetric(c.Throughput(), "ops/s")
+	if c.CPUOK {
+		b.ReportMetric(c.CPUPerMillion(), "cpu-s/1e6-ops")
+	}
 	b.ReportMetric(c.Jain(), "jain")
 	b.ReportMetric(float64(c.Quantile(0.99).Microseconds()), "p99-µs")
 	b.ReportMetric(float64(c.Quantile(1).Microseconds()), "max-µs")
@@ -90,72 +103,58 @@ func TestCancelStormLeaksNothing(t *testing.T) {
 		if c.Ops == 0 || c.Failed == 0 {
 			t.Errorf("%s: storm had %d grants and %d give-ups; want both", impl.Name, c.Ops, c.Failed)
 		}
-		// Grants were spread over the run, so the longest pause between
-		// them lies strictly between nothing and the whole run.
-		if c.Ops > 1 && (c.LongestPause <= 0 || c.LongestPause >= c.Elapsed) {
-			t.Errorf("%s: longest pause %v, want within (0, %v)", impl.Name, c.LongestPause, c.Elapsed)
+	}
+}
+
+// TestBlockingHolderExcludes: with every holder asleep for hold, no two
+// grants of the key overlap, so a run grants at most one more than fits
+// end to end in its wall time; and the goroutines share the grants.
+func TestBlockingHolderExcludes(t *testing.T) {
+	const hold = time.Millisecond
+	for _, impl := range Impls() {
+		c := BlockingHolder(impl, 4, hold, 60*time.Millisecond)
+		if limit := int(c.Elapsed/hold) + 1; c.Ops == 0 || c.Ops > limit {
+			t.Errorf("%s: %d grants of a key held %v each in %v; want 1 to %d", impl.Name, c.Ops, hold, c.Elapsed, limit)
+		}
+		if c.Failed != 0 || c.Entries > 0 {
+			t.Errorf("%s: %d failed Locks, %d entries left; want none", impl.Name, c.Failed, c.Entries)
 		}
 	}
 }
 
-// TestInsideLongestWait checks the count and the pause on known waits and
-// grant times.
-func TestInsideLongestWait(t *testing.T) {
-	// Goroutine 0 waited 2 (granted at 3) and then 9, granted at 20: the
-	// grants at 12 and 15 of goroutine 1 fall inside (11, 20), the one at
-	// 11 (the window's start) and at 25 do not. The longest interval
-	// without a grant inside the wait is 15 to 20.
-	waits := [][]time.Duration{{2, 9}, {1, 1, 1, 4}}
-	grants := [][]time.Duration{{3, 20}, {11, 12, 15, 25}}
-	if n, pause := insideLongestWait(waits, grants); n != 2 || pause != 5 {
-		t.Errorf("insideLongestWait = %d grants, pause %v; want 2, 5ns", n, pause)
+// TestProcessCPUCounts: on a platform that reports process CPU time, a
+// goroutine that spins until the process has used 5ms more than at the
+// start stops, well within a wall-clock limit that only a clock that
+// never moves would reach.
+func TestProcessCPUCounts(t *testing.T) {
+	start, ok := processCPU()
+	if !ok {
+		t.Skip("no process CPU time on this platform")
 	}
-	if n, pause := insideLongestWait(nil, nil); n != 0 || pause != 0 {
-		t.Errorf("insideLongestWait of no waits = %d, %v; want 0, 0", n, pause)
-	}
-}
-
-// TestLongestGap checks the pause measure on known grant times.
-// TestAfterWarmUp: a goroutine's Locks granted before the warm-up ends
-// are dropped with their waits, one granted at its end or later is kept.
-func TestAfterWarmUp(t *testing.T) {
-	ms := time.Millisecond
-	waits := []time.Duration{1 * ms, 2 * ms, 3 * ms, 4 * ms}
-	grants := []time.Duration{5 * ms, 10 * ms, 10 * ms, 15 * ms}
-	for _, c := range []struct {
-		warm       time.Duration
-		wantWaits  []time.Duration
-		wantGrants []time.Duration
-	}{
-		{0, waits, grants},
-		{5 * ms, waits, grants},
-		{6 * ms, waits[1:], grants[1:]},
-		{10 * ms, waits[1:], grants[1:]},
-		{11 * ms, waits[3:], grants[3:]},
-		{16 * ms, nil, nil},
-	} {
-		w, g := afterWarmUp(waits, grants, c.warm)
-		if diff := cmp.Diff(c.wantWaits, w, cmpopts.EquateEmpty()); diff != "" {
-			t.Errorf("warm-up %v: waits (-want +got):\n%s", c.warm, diff)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		now, _ := processCPU()
+		if now < start {
+			t.Fatalf("process CPU time went back from %v to %v", start, now)
 		}
-		if diff := cmp.Diff(c.wantGrants, g, cmpopts.EquateEmpty()); diff != "" {
-			t.Errorf("warm-up %v: grants (-want +got):\n%s", c.warm, diff)
+		if now-start >= 5*time.Millisecond {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process CPU time grew %v in 10s of spinning", now-start)
 		}
 	}
 }
 
-func TestLongestGap(t *testing.T) {
-	for _, c := range []struct {
-		ts   []time.Duration
-		want time.Duration
-	}{
-		{nil, 0},
-		{[]time.Duration{5}, 0},
-		{[]time.Duration{30, 10, 12, 50}, 20}, // unsorted: 10 12 30 50
-		{[]time.Duration{7, 7, 9}, 2},
-	} {
-		if got := longestGap(c.ts); got != c.want {
-			t.Errorf("longestGap(%v) = %v, want %v", c.ts, got, c.want)
+// TestCPUPerMillion checks the unit: 2s of CPU over 10⁶ grants is 2, and
+// a run without CPU time or without grants has none.
+func TestCPUPerMillion(t *testing.T) {
+	if got := (Contended{Ops: 1_000_000, CPU: 2 * time.Second, CPUOK: true}).CPUPerMillion(); got != 2 {
+		t.Errorf("CPUPerMillion = %v, want 2", got)
+	}
+	for _, c := range []Contended{{Ops: 10, CPU: time.Second}, {CPU: time.Second, CPUOK: true}} {
+		if got := c.CPUPerMillion(); !math.IsNaN(got) {
+			t.Errorf("CPUPerMillion(%+v) = %v, want NaN", c, got)
 		}
 	}
 }

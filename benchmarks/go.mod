@@ -7,9 +7,7 @@ require (
 	github.com/fairlock/fairlock v0.0.0
 	github.com/google/go-cmp v0.7.0
 	github.com/moby/locker v1.0.1
-	github.com/prometheus/procfs v0.19.2
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sys v0.48.0
 	gonum.org/v1/plot v0.17.0
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3
 )

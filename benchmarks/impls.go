@@ -1,8 +1,9 @@
 // Package benchmarks measures fairlock side by side with the keyed locks
 // Go services would otherwise use. It is its own module, so the library
-// gains no dependency from it. cmd/compare runs every scenario and prints
-// one table of figures and ratios; bench_test.go has the same scenarios as
-// Go benchmarks.
+// gains no dependency from it. cmd/compare runs every scenario in
+// interleaved rounds and prints each implementation's figures and
+// fairlock's ratio to them; bench_test.go has the same scenarios as Go
+// benchmarks.
 package benchmarks
 
 import (
@@ -52,14 +53,16 @@ type Handle interface {
 	Unlock()
 }
 
-// Impls lists fairlock first, then the peers.
+// Impls lists fairlock first, then the peers: the two keyed locks of
+// other projects, the map of sync.Mutex a service would write itself,
+// k8s's hashed stripes, and one bare sync.Mutex.
 func Impls() []Impl {
 	return []Impl{
 		{Name: "fairlock", New: newFair, Cancellable: true, PerKeyState: true, Unbounded: true},
 		{Name: "moby/locker", New: newMoby, PerKeyState: true, Unbounded: true},
 		{Name: "containerd/kmutex", New: newContainerd, Cancellable: true, PerKeyState: true, Unbounded: true},
+		{Name: "sync.Mutex map", New: newTextbook, PerKeyState: true, Unbounded: true},
 		{Name: "k8s/keymutex", New: newK8s},
-		{Name: "map+refcount", New: newTextbook, PerKeyState: true, Unbounded: true},
 		{Name: "sync.Mutex", New: newBare, SingleKey: true},
 	}
 }
@@ -159,8 +162,8 @@ func (h *k8sHandle) Lock(_ context.Context, key string) error {
 }
 func (h *k8sHandle) Unlock() { _ = h.km.UnlockKey(h.key) }
 
-// The textbook design: map of refcounted sync.Mutex behind a global mutex,
-// the entry deleted when the last user leaves.
+// The textbook design ("sync.Mutex map"): a map of refcounted sync.Mutex
+// behind a global mutex, the entry deleted when the last user leaves.
 
 type textbook struct {
 	mu sync.Mutex

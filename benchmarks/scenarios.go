@@ -82,38 +82,38 @@ func ParallelDistinct(impl Impl) OpResult {
 	return opResult(testing.Benchmark(func(b *testing.B) { ParallelDistinctLoop(b, impl) }))
 }
 
-// Contended is what a timed multi-goroutine scenario measured.
+// Contended is what a timed multi-goroutine scenario measured. Every
+// figure covers the counted part of the run: from the end of its warm-up
+// (warmUp) to the moment it was told to stop.
 type Contended struct {
 	Goroutines int
-	Ops        int             // successful Lock+Unlock cycles after the warm-up
-	Failed     int             // Locks that gave up after the warm-up (cancellation storm)
-	Elapsed    time.Duration   // wall time of the run after its warm-up
-	PerG       []int           // successful cycles per goroutine after the warm-up
-	Waits      []time.Duration // the wait of every successful Lock after the warm-up, sorted
+	Ops        int             // successful Lock+Unlock cycles
+	Failed     int             // Locks that gave up (cancellation storm)
+	Elapsed    time.Duration   // wall time
+	PerG       []int           // successful cycles per goroutine
+	Waits      []time.Duration // the wait of every successful Lock, sorted
 	Entries    int             // per-key entries left after the run (-1: none kept)
-	// LongestPause is the longest interval in the run in which no Lock
-	// returned in any goroutine. On a hot key under a FIFO lock it is a
-	// stall that every queued waiter sat through, such as the holder's
-	// thread losing its CPU; it puts the max wait next to what the machine
-	// did in the same run.
-	LongestPause time.Duration
-	// GrantsInMaxWait counts the Locks that returned in other goroutines
-	// while the longest wait lasted. A strict FIFO queue of g goroutines
-	// grants at most g-1 others before a call that has joined it, so under
-	// a FIFO lock a larger count says part of the longest wait, about one
-	// turn of the key per extra grant, passed before the call reached the
-	// lock's queue (its thread held up, as by another thread taking its
-	// CPU). Under a barging lock the count is how often the waiting call
-	// was overtaken.
-	GrantsInMaxWait int
-	// PauseInMaxWait is the longest interval within the longest wait in
-	// which no Lock returned anywhere: when it is most of that wait, the
-	// call sat through a stall of the whole run.
-	PauseInMaxWait time.Duration
+	// CPU is the CPU time, user and system, that the whole process used
+	// (getrusage(2), RUSAGE_SELF), and CPUOK whether the platform reports
+	// it. Nothing else runs in the process during a run, so it is what the
+	// goroutines used: the critical sections, the clock reads that time
+	// each wait, and whatever the lock spends spinning, parking and waking.
+	CPU   time.Duration
+	CPUOK bool
 }
 
 // Throughput is successful cycles per second.
 func (c Contended) Throughput() float64 { return float64(c.Ops) / c.Elapsed.Seconds() }
+
+// CPUPerMillion is the process CPU seconds per 10⁶ successful cycles (the
+// same number as CPU microseconds per cycle), or NaN if the platform does
+// not report CPU time or nothing was granted.
+func (c Contended) CPUPerMillion() float64 {
+	if !c.CPUOK || c.Ops == 0 {
+		return math.NaN()
+	}
+	return c.CPU.Seconds() / float64(c.Ops) * 1e6
+}
 
 // Jain is Jain's fairness index of the per-goroutine counts, (Σx)²/(n·Σx²):
 // 1 when every goroutine got the same share, 1/n when one got all of it.
@@ -147,32 +147,30 @@ func Spin(d time.Duration) {
 	}
 }
 
-// cycle is one goroutine's operation: it reports when a successful Lock
-// returned and how long it waited, or ok=false for a give-up.
-type cycle func(h Handle) (granted time.Time, wait time.Duration, ok bool)
+// cycle is one goroutine's operation: it reports how long a successful
+// Lock waited, or ok=false for a give-up.
+type cycle func(h Handle) (wait time.Duration, ok bool)
 
 // warmUp is the start of a timed run of length d that run counts nothing
 // of: a tenth of it. When the goroutines start, the first to run cycles
-// alone on a free key until the scheduler gets the others going, which
-// took up to about 4 ms here; counting that skewed the per-goroutine
-// shares of a 150 ms run (-quick), so that a strict FIFO lock's Jain index
-// came out 0.95–0.97 in 3 of 40 such runs (one goroutine with twice the
-// others' grants), and containerd's in 2 of 40. The 1.5 s runs were
-// skewed ten times less. What run reports is the contended steady state.
+// alone on the free key until the scheduler has started the others, so
+// the first moments of a run measure one goroutine, not contention, and
+// would skew the per-goroutine shares of a short run.
 func warmUp(d time.Duration) time.Duration { return d / 10 }
 
 // run drives g goroutines for warmUp(d) and then d; each makes its cycle
 // with newCycle (given its own random source) and calls it in a loop. It
-// reports what happened in the d after the warm-up.
+// counts, times and takes the process CPU time over the d after the
+// warm-up only.
 func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle) Contended {
 	l := impl.New()
-	warm := warmUp(d)
 	res := Contended{Goroutines: g, PerG: make([]int, g)}
 	waits := make([][]time.Duration, g)
-	grants := make([][]time.Duration, g) // when each Lock returned, from t0
 	failed := make([]int, g)
-	var t0 time.Time // set before start is closed
-	var stop atomic.Bool
+	// counting and stop are written once each by this goroutine and read
+	// by every other after each cycle; a grant counts if it returned
+	// while counting was set and stop was not.
+	var counting, stop atomic.Bool
 	var wg, ready sync.WaitGroup
 	start := make(chan struct{})
 	for i := range g {
@@ -182,22 +180,22 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 			defer wg.Done()
 			h := l.Handle()
 			op := newCycle(rand.New(rand.NewSource(int64(i) + 1)))
-			w, at := samples(g, warm+d), samples(g, warm+d)
+			w := samples(g, d)
 			ready.Done()
 			<-start
 			for !stop.Load() {
-				granted, wait, ok := op(h)
+				wait, ok := op(h)
+				if !counting.Load() || stop.Load() {
+					continue
+				}
 				if !ok {
-					if time.Since(t0) >= warm {
-						failed[i]++
-					}
+					failed[i]++
 					continue
 				}
 				w = append(w, wait)
-				at = append(at, granted.Sub(t0))
 			}
-			waits[i], grants[i] = afterWarmUp(w, at, warm)
-			res.PerG[i] = len(grants[i])
+			waits[i] = w
+			res.PerG[i] = len(w)
 		}()
 	}
 	ready.Wait()
@@ -205,52 +203,43 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 	// each benchmark, so that a collection they made due does not start
 	// inside this run and bill its pauses to this lock.
 	runtime.GC()
-	t0 = time.Now()
 	close(start)
-	time.Sleep(warm + d)
+	time.Sleep(warmUp(d))
+	cpu0, ok0 := processCPU()
+	t0 := time.Now()
+	counting.Store(true)
+	time.Sleep(d)
 	stop.Store(true)
+	res.Elapsed = time.Since(t0)
+	cpu1, ok1 := processCPU()
+	res.CPU, res.CPUOK = cpu1-cpu0, ok0 && ok1
 	wg.Wait()
-	res.Elapsed = time.Since(t0) - warm
 	for i := range g {
 		res.Ops += res.PerG[i]
 		res.Failed += failed[i]
 		res.Waits = append(res.Waits, waits[i]...)
 	}
 	slices.Sort(res.Waits)
-	res.LongestPause = longestGap(slices.Concat(grants...))
-	res.GrantsInMaxWait, res.PauseInMaxWait = insideLongestWait(waits, grants)
 	res.Entries = l.Entries()
 	return res
 }
 
-// afterWarmUp returns the waits and grant times of one goroutine's Locks
-// that were granted at warm or later; grants holds the times (from the
-// run's start, in order) at which the Locks whose waits are in waits were
-// granted.
-func afterWarmUp(waits, grants []time.Duration, warm time.Duration) ([]time.Duration, []time.Duration) {
-	j, _ := slices.BinarySearch(grants, warm)
-	return waits[j:], grants[j:]
-}
-
 // samplesPerSecond bounds the Lock calls per second that run records
-// without growing a slice: above every lock's hot-key rate here (at most
-// about 10⁶/s), so that a goroutine's record grows only if it takes
-// several times its share.
+// without growing a slice: above the hot-key rate of every lock here, so
+// that a goroutine's record grows only if it takes several times its
+// share.
 const samplesPerSecond = 2_000_000
 
 // samples returns an empty slice with room for one goroutine's share of
 // samplesPerSecond over d, its pages already touched. The room stops at
-// 2 s (64 MB over both slices of all goroutines); a longer run grows
-// them.
+// 2 s of samples; a longer run grows them.
 //
-// Why. When the slices grew inside a run, each growth (up to 90 KB of
-// fresh memory, faulted in and copied) took about 100 µs after an Unlock.
-// Under a FIFO lock the goroutines move in step, so all 32 grew theirs in
-// consecutive turns, each while the holder it had just woken on the same
-// processor waited for it. The hand-offs of that turn of the queue took
-// up to 160 µs each, and a call that waited through them set the max
-// wait: 2.2 and 2.7 ms at G=32 in two runs, both about 1.1 s in, where
-// the slices grew the fifth time.
+// Growing a slice inside a run allocates fresh memory, faults its pages in
+// and copies the old contents, all after an Unlock and before the next
+// Lock. Under a FIFO lock the goroutines move in step, so they would all
+// grow theirs in consecutive turns, each while the holder it had just
+// woken waited for its processor: the harness, not the lock, would set
+// the longest waits.
 func samples(g int, d time.Duration) []time.Duration {
 	s := make([]time.Duration, max(4096, int(min(d, 2*time.Second).Seconds()*samplesPerSecond)/g))
 	for i := range s {
@@ -259,49 +248,35 @@ func samples(g int, d time.Duration) []time.Duration {
 	return s[:0]
 }
 
-// longestGap sorts ts and returns the largest difference between
-// neighbours (0 for fewer than two).
-func longestGap(ts []time.Duration) time.Duration {
-	slices.Sort(ts)
-	var gap time.Duration
-	for i := 1; i < len(ts); i++ {
-		gap = max(gap, ts[i]-ts[i-1])
-	}
-	return gap
-}
-
-// insideLongestWait finds the longest wait, waits[i][j], which ended when
-// grants[i][j] (from the run's start) was taken. It counts the grants of
-// all goroutines strictly inside that wait and returns the longest
-// interval inside it with no grant, from its start to its end.
-func insideLongestWait(waits, grants [][]time.Duration) (n int, pause time.Duration) {
-	var longest, end time.Duration
-	for i := range waits {
-		for j, w := range waits[i] {
-			if w > longest {
-				longest, end = w, grants[i][j]
-			}
-		}
-	}
-	start := end - longest
-	inside := []time.Duration{start, end}
-	for _, ts := range grants {
-		for _, t := range ts {
-			if t > start && t < end {
-				inside = append(inside, t)
-			}
-		}
-	}
-	return len(inside) - 2, longestGap(inside)
-}
-
 // HotKey is scenario 3: g goroutines Lock one key, hold it for hold, and
 // Unlock, for d.
 func HotKey(impl Impl, g int, hold, d time.Duration) Contended {
 	return run(impl, g, d, func(*rand.Rand) cycle { return lockSpin(func() string { return "hot" }, hold) })
 }
 
-// Zipf is scenario 4: g goroutines lock keys drawn from a Zipf
+// BlockingHolder is scenario 4: g goroutines Lock one key, sleep for hold
+// while they hold it (as a holder that waits on a disk or a network call
+// does), and Unlock, for d. With the holder asleep no goroutine has work
+// to do but wait, so the process CPU time per grant is what the lock
+// spends on spinning, parking and waking, plus the sleep's timer, which
+// is the same for every lock.
+func BlockingHolder(impl Impl, g int, hold, d time.Duration) Contended {
+	ctx := context.Background()
+	return run(impl, g, d, func(*rand.Rand) cycle {
+		return func(h Handle) (time.Duration, bool) {
+			t := time.Now()
+			if err := h.Lock(ctx, "hot"); err != nil {
+				return 0, false
+			}
+			wait := time.Since(t)
+			time.Sleep(hold)
+			h.Unlock()
+			return wait, true
+		}
+	})
+}
+
+// Zipf is scenario 5: g goroutines lock keys drawn from a Zipf
 // distribution (exponent s) over n keys, holding each for hold.
 func Zipf(impl Impl, g, n int, s float64, hold, d time.Duration) Contended {
 	keys := Keys(n)
@@ -314,40 +289,40 @@ func Zipf(impl Impl, g, n int, s float64, hold, d time.Duration) Contended {
 // lockSpin locks the key that next returns, spins for hold and unlocks.
 func lockSpin(next func() string, hold time.Duration) cycle {
 	ctx := context.Background()
-	return func(h Handle) (time.Time, time.Duration, bool) {
+	return func(h Handle) (time.Duration, bool) {
 		t := time.Now()
 		if err := h.Lock(ctx, next()); err != nil {
-			return time.Time{}, 0, false
+			return 0, false
 		}
-		granted := time.Now()
+		wait := time.Since(t)
 		Spin(hold)
 		h.Unlock()
-		return granted, granted.Sub(t), true
+		return wait, true
 	}
 }
 
-// CancelStorm is scenario 6: g goroutines Lock one hot key, each with a
+// CancelStorm is scenario 7: g goroutines Lock one hot key, each with a
 // random timeout up to maxTimeout, holding it for hold when granted. Only
 // for Cancellable locks. Entries must be 0 afterwards.
 func CancelStorm(impl Impl, g int, hold, maxTimeout, d time.Duration) Contended {
 	return run(impl, g, d, func(rng *rand.Rand) cycle {
-		return func(h Handle) (time.Time, time.Duration, bool) {
+		return func(h Handle) (time.Duration, bool) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+rng.Int63n(int64(maxTimeout))))
 			t := time.Now()
 			err := h.Lock(ctx, "hot")
 			cancel()
 			if err != nil {
-				return time.Time{}, 0, false
+				return 0, false
 			}
-			granted := time.Now()
+			wait := time.Since(t)
 			Spin(hold)
 			h.Unlock()
-			return granted, granted.Sub(t), true
+			return wait, true
 		}
 	})
 }
 
-// ChurnResult is what scenario 5 measured.
+// ChurnResult is what scenario 6 measured.
 type ChurnResult struct {
 	Keys         int
 	BytesPerKey  float64 // bytes allocated per key locked and released
@@ -357,7 +332,7 @@ type ChurnResult struct {
 	Entries      int   // per-key entries left (-1: none kept)
 }
 
-// Churn is scenario 5: one goroutine locks n distinct keys, holding all of
+// Churn is scenario 6: one goroutine locks n distinct keys, holding all of
 // them, then unlocks them all; then the heap is measured after a GC. Only
 // for Unbounded locks.
 func Churn(impl Impl, n int) ChurnResult {

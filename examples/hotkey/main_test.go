@@ -11,45 +11,111 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestRunReports runs the demo briefly and checks that its report has every
-// row, served requests on both sides, no failures, a mid-run dump, and no
-// key left held.
+// TestRunReports runs the demo briefly and checks that its report has
+// every row with a ratio where one belongs, served requests on both sides,
+// no failures, a verdict naming both a cost and a gain, the note on
+// noise, a mid-run dump, and no key left held.
 func TestRunReports(t *testing.T) {
 	var out strings.Builder
-	cfg := config{duration: 300 * time.Millisecond, clients: 8, keys: 50, skew: 2, steps: 4, hold: 20 * time.Microsecond}
+	cfg := config{duration: 200 * time.Millisecond, rounds: 2, clients: 8, keys: 50, skew: 2, steps: 4, hold: 20 * time.Microsecond}
 	if err := run(context.Background(), cfg, &out); err != nil {
 		t.Fatal(err)
 	}
 	report := out.String()
 	for _, want := range []string{
-		"requests served", "throughput (req/s)", "Jain index", "p50", "p99", "max",
+		"2 rounds of 200ms per implementation",
 		"fairlock keys held after the run: 0",
+		"Each figure is the median of 2 rounds",
 		`debug.Dump taken mid-run under load`, `fairlock "orders"`,
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
 	}
+	rows := map[string][]string{}
 	for _, line := range strings.Split(report, "\n") {
-		f := strings.Fields(line)
-		switch {
-		case strings.HasPrefix(strings.TrimSpace(line), "requests served"):
-			if f[2] == "0" || f[3] == "0" {
-				t.Errorf("an implementation served nothing: %q", line)
+		for _, name := range []string{"requests served", "requests failed", throughput.name, p50.name, p99.name, pMax.name, overtaken.name, mostAhead.name} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+				rows[name] = strings.Fields(rest)
 			}
-		case strings.HasPrefix(strings.TrimSpace(line), "requests failed"):
-			if f[2] != "0" || f[3] != "0" {
-				t.Errorf("requests failed: %q", line)
-			}
+		}
+	}
+	for _, name := range []string{throughput.name, p50.name, p99.name, pMax.name} {
+		cells := rows[name]
+		if len(cells) < 3 || !strings.HasSuffix(cells[len(cells)-1], "×") && !strings.HasSuffix(cells[len(cells)-1], "×)") {
+			t.Errorf("row %q has no ratio: %q\n%s", name, cells, report)
+		}
+	}
+	if served := rows["requests served"]; len(served) != 2 || served[0] == "0" || served[1] == "0" {
+		t.Errorf("an implementation served nothing: %q", served)
+	}
+	if failed := rows["requests failed"]; len(failed) != 2 || failed[0] != "0" || failed[1] != "0" {
+		t.Errorf("requests failed: %q", failed)
+	}
+	var v string
+	for _, line := range strings.Split(report, "\n") {
+		if strings.HasPrefix(line, "verdict: fairlock cost ") {
+			v = line
+		}
+	}
+	if !strings.Contains(v, "; it bought ") || !strings.Contains(v, "lock calls overtaken by a later call, against") {
+		t.Errorf("no verdict naming cost, gain and overtaking in:\n%s", report)
+	}
+}
+
+// TestOvertakes checks the counts on known grant orders. Times are start
+// times in the order the calls were granted.
+func TestOvertakes(t *testing.T) {
+	at := func(ms ...int) []time.Time {
+		base := time.Unix(0, 0)
+		ts := make([]time.Time, len(ms))
+		for i, m := range ms {
+			ts[i] = base.Add(time.Duration(m) * time.Millisecond)
+		}
+		return ts
+	}
+	for _, c := range []struct {
+		starts          []time.Time
+		overtaken, most int
+	}{
+		{nil, 0, 0},
+		{at(1, 2, 3, 4), 0, 0},          // FIFO
+		{at(1, 2, 2, 3), 0, 0},          // ties overtake nobody
+		{at(4, 3, 2, 1), 3, 3},          // LIFO: the call that began first is granted last, after 3 later ones
+		{at(1, 5, 6, 2, 7, 3), 2, 3},    // 2 is overtaken by 5 and 6; 3 by 5, 6 and 7
+		{at(10, 1, 2, 3, 11, 4), 4, 2},  // 1, 2, 3 and 4 each overtaken by 10 (and 4 by 11)
+		{at(10, 11, 1, 12, 2), 2, 3},    // 1 by 10, 11; 2 by 10, 11, 12
+		{at(5, 5, 1, 5), 1, 2},          // 1 by both 5s; the last 5 by nobody
+		{at(2, 9, 1, 8, 7, 3), 4, 3},    // 1 by 2, 9; 8 by 9; 7 by 9, 8; 3 by 9, 8, 7
+		{at(1, 3, 2, 4, 6, 5, 7), 2, 1}, // two neighbours swapped twice
+	} {
+		overtaken, most := overtakes(c.starts)
+		if overtaken != c.overtaken || most != c.most {
+			t.Errorf("overtakes(%v) = %d, %d; want %d, %d", c.starts, overtaken, most, c.overtaken, c.most)
 		}
 	}
 }
 
-func TestJain(t *testing.T) {
-	if got := jain([]float64{5, 5, 5, 5}); got != 1 {
-		t.Errorf("jain(even) = %v, want 1", got)
+// TestVerdict checks that each figure lands on the side its ratio puts
+// it: a higher throughput and a lower wait are gains, the reverse costs,
+// within 2% the same.
+func TestVerdict(t *testing.T) {
+	ms := time.Millisecond
+	fair := []stats{{served: 900, elapsed: time.Second, waits: []time.Duration{30 * ms, 40 * ms, 50 * ms}, calls: 100, overtaken: 0}}
+	naive := []stats{{served: 1000, elapsed: time.Second, waits: []time.Duration{10 * ms, 20 * ms, 100 * ms}, calls: 100, overtaken: 20}}
+	want := "verdict: fairlock cost 0.90× the throughput and 2.00× the median order-0 wait; " +
+		"it bought 0.50× the p99 wait, 0.50× the longest wait and 0.0% of order-0 lock calls overtaken by a later call, against 20.0%."
+	if got := verdict(fair, naive); got != want {
+		t.Errorf("verdict =\n%s\nwant\n%s", got, want)
 	}
-	if got := jain([]float64{8, 0, 0, 0}); got != 0.25 {
-		t.Errorf("jain(one takes all) = %v, want 1/n = 0.25", got)
+	fair[0].served, fair[0].overtaken = 1010, 30
+	got := verdict(fair, naive)
+	for _, want := range []string{
+		"; about the same: 1.01× the throughput.",
+		"cost 2.00× the median order-0 wait and 30.0% of order-0 lock calls overtaken by a later call, against 20.0%;",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("verdict %q lacks %q", got, want)
+		}
 	}
 }

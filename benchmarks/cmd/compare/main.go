@@ -1,48 +1,37 @@
 // Command compare runs every benchmark scenario against fairlock and its
-// peers in one process, one after another, and prints one table per
-// scenario with absolute figures and fairlock's ratio to each peer, the
-// machine and the kernel's scheduling policy on top, and the targets of
-// docs/performance.md checked at the end. It writes two PNG plots: the
-// wait-time CDF on the hot key and throughput against goroutines.
+// peers in one process and prints, for each scenario and implementation,
+// the median figure over interleaved rounds with its range, and fairlock's
+// ratio to each peer. It writes two PNG plots: the hot-key wait
+// distribution as a CCDF and throughput against goroutines.
 //
-//	cd benchmarks && go run ./cmd/compare            # about two minutes
-//	cd benchmarks && go run ./cmd/compare -quick     # about fifteen seconds
-//	cd benchmarks && go run ./cmd/compare -repeat 8  # eight runs, about eight minutes
+//	cd benchmarks && go run ./cmd/compare              # 5 rounds of 500ms runs
+//	cd benchmarks && go run ./cmd/compare -quick       # 2 rounds of 100ms runs (CI)
+//	cd benchmarks && go run ./cmd/compare -markdown    # the tables of docs/performance.md
 //
-// Ratios are fairlock ÷ peer: below 1 means fairlock is faster (for times)
-// or slower (for throughput). Each figure comes from one run on this
-// machine: compare runs, not numbers across machines. Within a run, the
-// per-operation costs (scenarios 1 and 2) are the median of three rounds
-// taken in turn across the implementations (see opRounds); the timed
-// scenarios run each implementation once, and count nothing of the first
-// tenth of each run (warmUp in scenarios.go). With -repeat n it
-// makes n whole runs one after another, prints the first in full and one
-// line for each of the others, and ends with every target's value in each
-// run: how often a bar is met tells a thin margin from a real miss, which
-// one run cannot. Run i takes the implementations in the order of Impls
-// rotated by i (see runOrder), so that no implementation always takes the
-// same place; the tables keep one order. Under the targets of every run it
-// prints the host's steal time (on Linux): how long the hypervisor kept
-// this machine's virtual CPUs from running, over the run and over its
-// G=32 hot-key runs, and the longest stall of a thread that only read the
-// clock for as long as a hot-key run, straight after the G=32 runs
-// (hoststall.go), beside the longest wait the max-wait bar allowed
-// fairlock: a machine that stops its threads for longer than that can
-// fail the bar whatever the lock does. The summary of a series adds each
-// run's G=32 throughput of fairlock and the peers of its throughput bars,
-// and fairlock's longest wait, its allowance and the probe's stall.
+// Rounds. Each round measures every scenario once for every
+// implementation; round r takes the implementations in the order of
+// Impls rotated by r (runOrder), so that none always runs first after the
+// previous scenario or last after the others. A figure is the median of
+// its rounds, printed with the smallest and largest: where two
+// implementations' ranges overlap, this run does not tell them apart.
+//
+// Ratios are fairlock's median ÷ the peer's median: below 1 means fairlock
+// is faster for times and slower for throughput. CPU is the process CPU
+// time (user and system, getrusage(2)) over each timed run, per 10⁶
+// grants. Figures from one machine do not carry over to another; the
+// ratios within one run are what to compare.
 package main
 
 import (
-	"cmp"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -52,313 +41,413 @@ import (
 )
 
 type settings struct {
-	quick   bool
-	repeat  int           // whole runs
-	run     time.Duration // per timed scenario and implementation
-	churn   int           // keys in the churn scenario
-	hold    time.Duration // hot-key critical section
-	out     string        // plot directory
-	noPlots bool
+	quick     bool
+	rounds    int
+	run       time.Duration // per timed run: one scenario, one implementation, one round
+	churn     int           // keys in the churn scenario
+	benchtime string        // testing.Benchmark's time per round of scenarios 1 and 2
+	out       string        // plot directory
+	noPlots   bool
+	markdown  bool
 }
 
 func main() {
 	var s settings
-	flag.BoolVar(&s.quick, "quick", false, "short runs (for CI): 150ms per timed run, 100k churn keys")
+	flag.BoolVar(&s.quick, "quick", false, "short runs (for CI): 2 rounds, 100ms per timed run, 100k churn keys")
+	flag.IntVar(&s.rounds, "rounds", 5, "interleaved rounds; each figure is the median over them")
+	flag.DurationVar(&s.run, "duration", 500*time.Millisecond, "length of each timed run")
 	flag.StringVar(&s.out, "out", "results", "directory for the PNG plots")
 	flag.BoolVar(&s.noPlots, "noplots", false, "skip the plots")
-	flag.IntVar(&s.repeat, "repeat", 1, "make this many whole runs and print each target's value in every run")
+	flag.BoolVar(&s.markdown, "markdown", false, "print the tables of docs/performance.md as markdown instead of text")
 	flag.Parse()
-	if s.repeat < 1 {
-		log.Fatalf("-repeat %d: want at least 1", s.repeat)
-	}
-	s.run, s.churn, s.hold = 1500*time.Millisecond, 1_000_000, 2*time.Microsecond
-	testing.Init()
-	benchtime := "350ms" // per round: opRounds of them make about testing's default 1s
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	s.churn, s.benchtime = 1_000_000, "200ms"
 	if s.quick {
-		s.run, s.churn = 150*time.Millisecond, 100_000
-		benchtime = "50ms"
-	}
-	_ = flag.Set("test.benchtime", benchtime)
-	runs := make([]runResult, 0, s.repeat)
-	clock := newStealClock()
-	var missedBy []waitShape // the shape of fairlock's longest wait in each run that missed the max-wait bar
-	for i := range s.repeat {
-		w := io.Writer(os.Stdout)
-		if i > 0 {
-			w = io.Discard // the tables of run 1 stand for the rest
-			s.noPlots = true
+		s.churn, s.benchtime = 100_000, "50ms"
+		if !set["rounds"] {
+			s.rounds = 2
 		}
-		r, err := compare(w, s, i, clock)
+		if !set["duration"] {
+			s.run = 100 * time.Millisecond
+		}
+	}
+	if s.rounds < 1 || s.run <= 0 {
+		log.Fatalf("compare: need -rounds >= 1 and -duration > 0")
+	}
+	testing.Init()
+	_ = flag.Set("test.benchtime", s.benchtime)
+
+	pd := newPlotData(!s.noPlots)
+	m := measure(s, benchmarks.Impls(), scenarios(s, pd), os.Stderr)
+	if s.markdown {
+		writeMarkdown(os.Stdout, m)
+	} else {
+		writeText(os.Stdout, m)
+	}
+	if !s.noPlots {
+		paths, err := pd.plot(s.out, m.impls)
 		if err != nil {
 			log.Fatal(err)
 		}
-		runs = append(runs, r)
-		if missed(r.targets, maxWaitTarget) {
-			missedBy = append(missedBy, r.longest.shape)
-		}
-		if i > 0 {
-			fmt.Printf("run %d of %d (%s first): %d target(s) missed; %s; fairlock's longest G=32 wait: %s; clock-only stall %s\n",
-				i+1, s.repeat, runOrder(benchmarks.Impls(), i)[0].Name, countMissed(r.targets), r.steal, r.longest.text, dur(r.clockStall))
-		}
-	}
-	if s.repeat > 1 {
-		printTargetRuns(os.Stdout, runs) // its stars mark the misses
-	} else if n := countMissed(runs[0].targets); n > 0 {
-		fmt.Printf("\n%d target(s) missed on this run (see docs/performance.md)\n", n)
-	}
-	_, realtime := scheduler()
-	for _, hint := range maxWaitHints(missedBy, realtime) {
-		fmt.Println(hint)
-	}
-	if hint := hostStallHint(runs); hint != "" {
-		fmt.Println(hint)
+		fmt.Fprintf(os.Stderr, "plots: %s\n", strings.Join(paths, ", "))
 	}
 }
 
-// hostStallHint returns what to print when, in runs that missed the
-// max-wait bar, the clock-only probe stalled for longer than the bar
-// allowed fairlock to wait: on such a machine the bar can be missed
-// whatever the lock does. It returns "" when no such run was seen.
-func hostStallHint(runs []runResult) string {
-	missedRuns, over := 0, 0
-	for _, r := range runs {
-		if missed(r.targets, maxWaitTarget) {
-			missedRuns++
-			if r.clockStall > r.allowed {
-				over++
+// metric is one figure a scenario measures for each implementation.
+type metric struct {
+	name   string
+	format func(float64) (num, unit string)
+	ratio  bool // print fairlock ÷ peer
+}
+
+// scenario is a group of rows in the tables.
+type scenario struct {
+	title    string // heading of its text table
+	label    string // prefix of its rows in the markdown table
+	headline bool   // in the first markdown table
+	metrics  []metric
+	takes    func(benchmarks.Impl) bool
+	// measure makes one round's run of impl and returns a value for each
+	// metric, in order.
+	measure func(benchmarks.Impl) []float64
+	once    bool   // measured in the first round only: its figures do not vary with time
+	note    string // printed under its text table
+}
+
+var (
+	timeOp    = metric{"time/op", fmtDuration, true}
+	allocsOp  = metric{"allocs/op", fmtCount, false}
+	opsPerSec = metric{"ops/s", fmtRate, true}
+	cpuPerM   = metric{"CPU s/10⁶ grants", fmtCPU, true}
+	p50       = metric{"wait p50", fmtDuration, true}
+	p99       = metric{"wait p99", fmtDuration, true}
+	pMax      = metric{"wait max", fmtDuration, true}
+	jain      = metric{"Jain", fmtJain, false}
+)
+
+// hotKeyHold is the hot-key critical section: a busy spin.
+const hotKeyHold = 2 * time.Microsecond
+
+// blockingHold is the blocking holder's critical section: a sleep.
+const blockingHold = time.Millisecond
+
+// hotKeyGs are the goroutine counts of the hot-key scenario.
+var hotKeyGs = []int{8, 32, 128}
+
+// contended returns the values of ms for c.
+func contended(c benchmarks.Contended, ms []metric) []float64 {
+	vs := make([]float64, len(ms))
+	for i, m := range ms {
+		switch m.name {
+		case opsPerSec.name:
+			vs[i] = c.Throughput()
+		case cpuPerM.name:
+			vs[i] = c.CPUPerMillion()
+		case p50.name:
+			vs[i] = float64(c.Quantile(0.5))
+		case p99.name:
+			vs[i] = float64(c.Quantile(0.99))
+		case pMax.name:
+			vs[i] = float64(c.Quantile(1))
+		case jain.name:
+			vs[i] = c.Jain()
+		default:
+			panic("compare: no metric " + m.name + " in a contended run")
+		}
+	}
+	return vs
+}
+
+// scenarios lists what compare measures, in the order of the tables; the
+// hot-key runs also leave their waits and throughput in pd.
+func scenarios(s settings, pd *plotData) []scenario {
+	all := func(benchmarks.Impl) bool { return true }
+	keyed := func(i benchmarks.Impl) bool { return !i.SingleKey }
+	ops := func(r benchmarks.OpResult) []float64 { return []float64{r.NsPerOp, float64(r.AllocsPerOp)} }
+	scs := []scenario{
+		{
+			title: "1. Uncontended Lock+Unlock over 4096 keys, one goroutine", label: "uncontended", headline: true,
+			metrics: []metric{timeOp, allocsOp}, takes: all,
+			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.Uncontended(i)) },
+		},
+		{
+			title: fmt.Sprintf("2. Parallel, each goroutine on its own keys (RunParallel, GOMAXPROCS=%d)", runtime.GOMAXPROCS(0)),
+			label: "parallel, distinct keys", headline: true,
+			metrics: []metric{timeOp, allocsOp}, takes: keyed,
+			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.ParallelDistinct(i)) },
+		},
+	}
+	hot := []metric{opsPerSec, cpuPerM, p50, p99, pMax, jain}
+	for _, g := range hotKeyGs {
+		scs = append(scs, scenario{
+			title: fmt.Sprintf("3. Hot key, G=%d goroutines, %v busy critical section", g, hotKeyHold),
+			label: fmt.Sprintf("hot key G=%d", g), headline: true,
+			metrics: hot, takes: all,
+			measure: func(i benchmarks.Impl) []float64 {
+				c := benchmarks.HotKey(i, g, hotKeyHold, s.run)
+				pd.add(g, i.Name, c)
+				return contended(c, hot)
+			},
+		})
+	}
+	blocking := []metric{opsPerSec, cpuPerM}
+	scs = append(scs, scenario{
+		title: fmt.Sprintf("4. Blocking holder: G=8 goroutines on one key, the holder sleeps %v", blockingHold),
+		label: "blocking holder G=8", headline: true,
+		metrics: blocking, takes: all,
+		measure: func(i benchmarks.Impl) []float64 {
+			return contended(benchmarks.BlockingHolder(i, 8, blockingHold, s.run), blocking)
+		},
+	})
+	zipf := []metric{opsPerSec, cpuPerM, p99, pMax}
+	scs = append(scs, scenario{
+		title: "5. Zipf(s=1.1) keys over 100k keys, 64 goroutines, 1µs busy critical section", label: "Zipf keys, G=64",
+		metrics: zipf, takes: keyed,
+		measure: func(i benchmarks.Impl) []float64 {
+			return contended(benchmarks.Zipf(i, 64, 100_000, 1.1, time.Microsecond, s.run), zipf)
+		},
+	})
+	scs = append(scs, scenario{
+		title: fmt.Sprintf("6. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
+		label: "churn", once: true,
+		metrics: []metric{
+			{"bytes per key held", fmtBytes, true},
+			{"heap at peak", fmtMiB, true},
+			{"heap retained after", fmtMiB, true},
+			{"entries after", fmtCount, false},
+		},
+		takes: func(i benchmarks.Impl) bool { return i.Unbounded },
+		measure: func(i benchmarks.Impl) []float64 {
+			c := benchmarks.Churn(i, s.churn)
+			return []float64{c.BytesPerKey, float64(c.PeakHeap), float64(c.Retained), float64(c.Entries)}
+		},
+		note: "k8s/keymutex keeps a fixed array of mutexes (a goroutine holding two keys that share one deadlocks); sync.Mutex is one key",
+	})
+	scs = append(scs, scenario{
+		title: "7. Cancellation storm: 32 goroutines on a hot key, random timeouts up to 50µs, 2µs busy critical section",
+		label: "cancellation storm",
+		metrics: []metric{
+			{"grants/s", fmtRate, true},
+			{"give-ups/s", fmtRate, true},
+			{"entries left", fmtCount, false},
+		},
+		takes: func(i benchmarks.Impl) bool { return i.Cancellable },
+		measure: func(i benchmarks.Impl) []float64 {
+			c := benchmarks.CancelStorm(i, 32, hotKeyHold, 50*time.Microsecond, s.run)
+			return []float64{c.Throughput(), float64(c.Failed) / c.Elapsed.Seconds(), float64(c.Entries)}
+		},
+		note: "the other locks cannot give up a wait: no context",
+	})
+	return scs
+}
+
+// measured is what one compare run measured: for each scenario (by
+// title) and implementation, one value per metric in each round.
+type measured struct {
+	machine   string
+	rounds    int
+	run       time.Duration
+	impls     []benchmarks.Impl
+	scenarios []scenario
+	values    map[string]map[string][][]float64 // scenario title → impl name → round → metric
+}
+
+// measure runs every scenario for every implementation that takes part,
+// s.rounds times, and reports each round's order on progress.
+func measure(s settings, impls []benchmarks.Impl, scs []scenario, progress io.Writer) measured {
+	m := measured{
+		machine: machine(), rounds: s.rounds, run: s.run, impls: impls, scenarios: scs,
+		values: map[string]map[string][][]float64{},
+	}
+	for _, sc := range scs {
+		m.values[sc.title] = map[string][][]float64{}
+	}
+	fmt.Fprintf(progress, "compare: %s; %d rounds, %v per timed run\n", m.machine, s.rounds, s.run)
+	for r := range s.rounds {
+		order := runOrder(impls, r)
+		fmt.Fprintf(progress, "round %d of %d: %s\n", r+1, s.rounds, names(order))
+		for _, sc := range scs {
+			if sc.once && r > 0 {
+				continue
+			}
+			for _, impl := range order {
+				if sc.takes(impl) {
+					m.values[sc.title][impl.Name] = append(m.values[sc.title][impl.Name], sc.measure(impl))
+				}
 			}
 		}
 	}
-	if over == 0 {
-		return ""
-	}
-	return fmt.Sprintf(`In %d of the %d run(s) that missed the max-wait bar, a thread that only read the clock, with
-no lock in play, stalled for longer than the bar allowed fairlock to wait: this machine stops
-its threads for longer than the bar, and a stall that lands on the holder or on a caller counts
-in a wait whatever the lock does ("A third host" in docs/performance.md).`, over, missedRuns)
+	return m
 }
 
-// opRounds is how many times compare measures each implementation's
-// per-operation cost (scenarios 1 and 2), one round over all of them after
-// another; the tables show the median round. On a busy host one
-// testing.Benchmark call now and then comes out 1.4 times its usual time
-// (a fairlock ÷ containerd ratio of 0.255 or 0.275 against a median of
-// 0.18 in two series of eight runs); a median of three interleaved rounds
-// needs two such calls of one implementation to move, and treats every
-// implementation alike. Each round gets a third of the benchmark time, so
-// the run takes as long as one round of the full time did.
-const opRounds = 3
-
-// medianOp returns the round with the median time per operation.
-func medianOp(rs []benchmarks.OpResult) benchmarks.OpResult {
-	rs = slices.Clone(rs)
-	slices.SortFunc(rs, func(a, b benchmarks.OpResult) int { return cmp.Compare(a.NsPerOp, b.NsPerOp) })
-	return rs[len(rs)/2]
-}
-
-// schedulerHint follows a max-wait miss whose longest wait was held up
-// before it joined the queue, when compare ran under a time-sharing
-// scheduling class.
-const schedulerHint = `The max-wait bar was missed under a time-sharing scheduler, which can leave a runnable
-thread waiting up to a kernel tick for its CPU while another CPU idles; the hot-key maxima
-count that wait. The realtime class moves such a thread to the idle CPU: run compare under
-chrt -f 1 to measure without it ("The scheduling class" in docs/performance.md).`
-
-// stallHint follows a max-wait miss whose longest wait sat in the queue
-// through a stall of the whole run, under any scheduling class.
-const stallHint = `The max-wait bar was missed through a stall of the whole run: no goroutine got the lock
-while the holder's thread did not run. Under a time-sharing scheduler another thread can take
-its CPU (chrt -f 1 prevents that); on a virtual machine the host can stop the virtual CPU, which
-nothing inside the guest prevents (a loop that only reads the clock sees such stalls too; "A
-second host" in docs/performance.md). No lock shortens a stall of its holder.`
-
-// maxWaitHints returns what to print under the targets about the runs
-// that missed the max-wait bar, given the shape of fairlock's longest
-// wait in each (missedBy) and whether compare ran in the realtime class.
-// A wait that went on in the queue while grants went on gets no hint:
-// nothing outside the lock explains it.
-func maxWaitHints(missedBy []waitShape, realtime bool) []string {
-	var hints []string
-	if !realtime && slices.Contains(missedBy, heldUp) {
-		hints = append(hints, schedulerHint)
-	}
-	if slices.Contains(missedBy, stalled) {
-		hints = append(hints, stallHint)
-	}
-	return hints
-}
-
-// runOrder returns impls rotated left by run: the order in which run
-// number run (from 0) measures them. Over as many runs as there are
+// runOrder returns impls rotated left by round: the order in which round
+// number round (from 0) measures them. Over as many rounds as there are
 // implementations each one takes each place once, so an effect of the
-// place (running first in a scenario, straight after the previous
-// scenario's garbage was collected, or last, after the others have warmed
-// the machine) falls on every implementation alike over a series. The
-// order round the cycle stays: each implementation follows the same peer
-// whenever it is not first.
-func runOrder(impls []benchmarks.Impl, run int) []benchmarks.Impl {
-	k := run % len(impls)
+// place (first, straight after the previous scenario's garbage was
+// collected; last, after the others warmed the machine) falls on every
+// implementation alike.
+func runOrder(impls []benchmarks.Impl, round int) []benchmarks.Impl {
+	k := round % len(impls)
 	return append(slices.Clone(impls[k:]), impls[:k]...)
 }
 
-// runResult is what the summary of a series needs from one run.
-type runResult struct {
-	targets []target
-	longest longestWait        // fairlock's longest G=32 wait
-	steal   hostSteal          // over the run and its G=32 hot-key runs
-	hot32   map[string]float64 // G=32 hot-key ops/s by implementation
-	// maxWait is fairlock's longest G=32 wait, and allowed the longest
-	// the max-wait bar lets it be in this run (the bar times
-	// moby/locker's longest).
-	maxWait, allowed time.Duration
-	// clockStall is the longest stall of a thread that only read the
-	// clock, over as long as one hot-key run straight after the G=32
-	// runs (hoststall.go).
-	clockStall time.Duration
-	// p99Ratio is fairlock's G=32 p99 wait ÷ moby/locker's: no bar of
-	// issue #6, printed so that a series shows how the max-wait bar would
-	// read on the tail without its single longest wait, which a stall of
-	// the host can set.
-	p99Ratio float64
+// stat is a figure over the rounds: its median and range. ok is false
+// when no round gave a value (NaN: the platform did not report it).
+type stat struct {
+	med, lo, hi float64
+	ok          bool
 }
 
-// compare runs every scenario once, taking the implementations in
-// runOrder for run number run (from 0), writes the tables, the targets and
-// the plots, and returns what the summary of a series needs.
-func compare(w io.Writer, s settings, run int, clock stealClock) (r runResult, err error) {
-	whole := clock.start()
-	impls := benchmarks.Impls()
-	fair := impls[0]
-	order := runOrder(impls, run)
-	sched, _ := scheduler()
-	fmt.Fprintf(w, "fairlock vs peers: %s, %s\n", machine(), sched)
-	fmt.Fprintf(w, "mode: %s; ratios are fairlock ÷ peer; implementations run in the order %s\n",
-		map[bool]string{true: "-quick", false: "full"}[s.quick], names(order))
+// summarize returns the median, smallest and largest of xs, leaving out
+// NaN.
+func summarize(xs []float64) stat {
+	xs = slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	if len(xs) == 0 {
+		return stat{}
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	med := xs[n/2]
+	if n%2 == 0 {
+		med = (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return stat{med, xs[0], xs[n-1], true}
+}
 
-	// 1 and 2: per-operation costs, the median of opRounds rounds.
-	rounds := map[string]map[string][]benchmarks.OpResult{"uncontended": {}, "parallel": {}}
-	for range opRounds {
-		for _, impl := range order {
-			rounds["uncontended"][impl.Name] = append(rounds["uncontended"][impl.Name], benchmarks.Uncontended(impl))
-			if !impl.SingleKey {
-				rounds["parallel"][impl.Name] = append(rounds["parallel"][impl.Name], benchmarks.ParallelDistinct(impl))
-			}
-		}
+// stat returns metric j of scenario sc for impl over the rounds, and
+// whether impl took part.
+func (m measured) stat(sc scenario, j int, impl string) (stat, bool) {
+	rounds, ok := m.values[sc.title][impl]
+	if !ok {
+		return stat{}, false
 	}
-	ops := map[string]map[string]benchmarks.OpResult{"uncontended": {}, "parallel": {}}
-	for sc, byImpl := range rounds {
-		for name, rs := range byImpl {
-			ops[sc][name] = medianOp(rs)
-		}
+	xs := make([]float64, len(rounds))
+	for i, r := range rounds {
+		xs[i] = r[j]
 	}
-	for _, sc := range []struct{ key, title string }{
-		{"uncontended", "1. Uncontended Lock+Unlock over 4096 keys, one goroutine"},
-		{"parallel", fmt.Sprintf("2. Parallel, each goroutine on its own keys (RunParallel, GOMAXPROCS=%d)", runtime.GOMAXPROCS(0))},
-	} {
-		tw := table(w, sc.title, "impl", "ns/op", "allocs/op", "B/op", "fairlock ÷ peer (time)")
-		f := ops[sc.key][fair.Name]
-		for _, impl := range impls {
-			r, ok := ops[sc.key][impl.Name]
-			if !ok {
-				continue
+	return summarize(xs), true
+}
+
+// value formats a stat as "median (lo–hi)", leaving out the range when
+// every round gave the same figure and the range's units when they are the
+// median's.
+func value(f func(float64) (string, string), st stat) string {
+	if !st.ok {
+		return "n/a"
+	}
+	num, unit := f(st.med)
+	loN, loU := f(st.lo)
+	hiN, hiU := f(st.hi)
+	if loN+loU == hiN+hiU {
+		return num + unit
+	}
+	if loU == unit && hiU == unit {
+		return fmt.Sprintf("%s%s (%s–%s)", num, unit, loN, hiN)
+	}
+	return fmt.Sprintf("%s%s (%s%s–%s%s)", num, unit, loN, loU, hiN, hiU)
+}
+
+// ratio formats fairlock's median ÷ the peer's.
+func ratio(fair, peer stat) string {
+	if !fair.ok || !peer.ok || peer.med == 0 {
+		return "n/a"
+	}
+	return sig3(fair.med/peer.med) + "×"
+}
+
+// writeText prints one table per scenario: a row per metric with each
+// implementation's median and range, and under each metric with a ratio,
+// fairlock's ratio to each peer.
+func writeText(w io.Writer, m measured) {
+	fmt.Fprintf(w, "fairlock vs peers: %s\n", m.machine)
+	fmt.Fprintf(w, "%d interleaved rounds, %v per timed run; each figure: median (smallest–largest) over the rounds\n", m.rounds, m.run)
+	fmt.Fprintf(w, "fairlock ÷ peer: fairlock's median over the peer's; below 1 is faster for times, slower for throughput\n")
+	for _, sc := range m.scenarios {
+		present := m.present(sc)
+		fmt.Fprintf(w, "\n%s\n", sc.title)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		row(tw, append([]string{""}, present...)...)
+		for j, mt := range sc.metrics {
+			cells := []string{mt.name}
+			fair, _ := m.stat(sc, j, present[0])
+			ratios := []string{"  fairlock ÷ peer", ""}
+			for _, impl := range present {
+				st, _ := m.stat(sc, j, impl)
+				cells = append(cells, value(mt.format, st))
+				if impl != present[0] {
+					ratios = append(ratios, ratio(fair, st))
+				}
 			}
-			row(tw, impl.Name, fmt.Sprintf("%.1f", r.NsPerOp), r.AllocsPerOp, r.BytesPerOp, ratio(f.NsPerOp, r.NsPerOp))
+			row(tw, cells...)
+			if mt.ratio && len(present) > 1 {
+				row(tw, ratios...)
+			}
 		}
 		tw.Flush()
+		if sc.note != "" {
+			fmt.Fprintf(w, "  (%s)\n", sc.note)
+		}
 	}
+}
 
-	// 3: hot key.
-	hot := map[int]map[string]benchmarks.Contended{}
-	gs := []int{8, 32, 128}
-	for _, g := range gs {
-		hot[g] = map[string]benchmarks.Contended{}
-		span := clock.start()
-		for _, impl := range order {
-			hot[g][impl.Name] = benchmarks.HotKey(impl, g, s.hold, s.run)
+// writeMarkdown prints the tables of docs/performance.md: a sentence
+// naming the machine and the run, the headline table (scenarios 1 to 4)
+// and the table of the other scenarios. A row per metric, a column per
+// implementation; each peer's cell ends with fairlock's ratio to it.
+func writeMarkdown(w io.Writer, m measured) {
+	fmt.Fprintf(w, "Machine: %s. One `compare -markdown` run: %d interleaved rounds, %v per timed run. "+
+		"Each cell: median (smallest–largest) over the rounds · fairlock's median ÷ that lock's.\n",
+		m.machine, m.rounds, m.run)
+	for _, headline := range []bool{true, false} {
+		var scs []scenario
+		for _, sc := range m.scenarios {
+			if sc.headline == headline {
+				scs = append(scs, sc)
+			}
 		}
-		if g == 32 {
-			r.steal.hot32, r.steal.ok = span.stop()
-			r.clockStall = clockStall(s.run, runtime.GOMAXPROCS(0), time.Now)
-		}
-		contendedTable(w, fmt.Sprintf("3. Hot key, G=%d goroutines, %v critical section", g, s.hold), impls, hot[g])
-	}
-
-	// 4: Zipf.
-	zipf := map[string]benchmarks.Contended{}
-	for _, impl := range order {
-		if !impl.SingleKey {
-			zipf[impl.Name] = benchmarks.Zipf(impl, 64, 100_000, 1.1, time.Microsecond, s.run)
-		}
-	}
-	contendedTable(w, "4. Zipf(s=1.1) keys over 100k keys, 64 goroutines, 1µs critical section", impls, zipf)
-
-	// 5: churn.
-	tw := table(w, fmt.Sprintf("5. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
-		"impl", "B/key", "allocs/key", "heap at peak", "heap retained after", "entries after")
-	churn := map[string]benchmarks.ChurnResult{}
-	for _, impl := range order {
-		if impl.Unbounded {
-			churn[impl.Name] = benchmarks.Churn(impl, s.churn)
-		}
-	}
-	for _, impl := range impls {
-		if c, ok := churn[impl.Name]; ok {
-			row(tw, impl.Name, fmt.Sprintf("%.0f", c.BytesPerKey), fmt.Sprintf("%.2f", c.AllocsPerKey), mib(c.PeakHeap), mib(c.Retained), c.Entries)
-		}
-	}
-	tw.Flush()
-	fmt.Fprintln(w, "   (k8s/keymutex keeps a fixed array of mutexes and deadlocks a goroutine holding two colliding keys; sync.Mutex is one key)")
-
-	// 6: cancellation storm.
-	tw = table(w, "6. Cancellation storm: 32 goroutines on a hot key, random timeouts up to 50µs, 2µs critical section",
-		"impl", "grants/s", "give-ups", "p99 wait", "entries left", "fairlock ÷ peer (grants/s)")
-	storm := map[string]benchmarks.Contended{}
-	for _, impl := range order {
-		if impl.Cancellable {
-			storm[impl.Name] = benchmarks.CancelStorm(impl, 32, s.hold, 50*time.Microsecond, s.run)
-		}
-	}
-	for _, impl := range impls {
-		c, ok := storm[impl.Name]
-		if !ok {
+		if len(scs) == 0 {
 			continue
 		}
-		row(tw, impl.Name, fmt.Sprintf("%.0f", c.Throughput()), c.Failed, dur(c.Quantile(0.99)), c.Entries, ratio(storm[fair.Name].Throughput(), c.Throughput()))
+		fmt.Fprintln(w)
+		var impls []string
+		for _, impl := range m.impls {
+			if slices.ContainsFunc(scs, func(sc scenario) bool { _, ok := m.values[sc.title][impl.Name]; return ok }) {
+				impls = append(impls, impl.Name)
+			}
+		}
+		fmt.Fprintf(w, "| | %s |\n", strings.Join(impls, " | "))
+		fmt.Fprintf(w, "| --- |%s\n", strings.Repeat(" --- |", len(impls)))
+		for _, sc := range scs {
+			for j, mt := range sc.metrics {
+				cells := []string{sc.label + ": " + mt.name}
+				fair, _ := m.stat(sc, j, impls[0])
+				for _, impl := range impls {
+					st, ok := m.stat(sc, j, impl)
+					switch {
+					case !ok:
+						cells = append(cells, "—")
+					case mt.ratio && impl != impls[0] && st.ok:
+						cells = append(cells, value(mt.format, st)+" · "+ratio(fair, st))
+					default:
+						cells = append(cells, value(mt.format, st))
+					}
+				}
+				fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+			}
+		}
 	}
-	tw.Flush()
-	fmt.Fprintln(w, "   (the other peers cannot give up a wait: no context)")
+}
 
-	r.targets = targets(ops, hot[32], churn[fair.Name], storm[fair.Name])
-	r.longest = maxWaitShape(hot[32][fair.Name])
-	r.maxWait = hot[32][fair.Name].Quantile(1)
-	r.allowed = time.Duration(maxWaitBound(r.targets) * float64(hot[32]["moby/locker"].Quantile(1)))
-	r.p99Ratio = float64(hot[32][fair.Name].Quantile(0.99)) / float64(hot[32]["moby/locker"].Quantile(0.99))
-	r.hot32 = map[string]float64{}
-	for name, c := range hot[32] {
-		r.hot32[name] = c.Throughput()
+// present lists the implementations that took part in sc, fairlock first.
+func (m measured) present(sc scenario) []string {
+	var ns []string
+	for _, impl := range m.impls {
+		if _, ok := m.values[sc.title][impl.Name]; ok {
+			ns = append(ns, impl.Name)
+		}
 	}
-	var runOK bool
-	r.steal.run, runOK = whole.stop()
-	r.steal.ok = r.steal.ok && runOK
-	printTargets(w, r.targets)
-	fmt.Fprintf(w, "  fairlock's longest G=32 wait: %s\n", r.longest.text)
-	fmt.Fprintf(w, "  %s\n", r.hostStallLine(s.run))
-	fmt.Fprintf(w, "  %s\n", r.steal)
-	if !s.noPlots {
-		if err := os.MkdirAll(s.out, 0o755); err != nil {
-			return r, err
-		}
-		cdf := filepath.Join(s.out, "hotkey-wait-cdf.png")
-		thr := filepath.Join(s.out, "hotkey-throughput.png")
-		if err := plotWaitCDF(cdf, impls, hot[32]); err != nil {
-			return r, err
-		}
-		if err := plotThroughput(thr, impls, gs, hot); err != nil {
-			return r, err
-		}
-		fmt.Fprintf(w, "\nplots: %s, %s\n", cdf, thr)
-	}
-	return r, nil
+	return ns
 }
 
 // names lists the implementations' names, comma-separated.
@@ -370,259 +459,59 @@ func names(impls []benchmarks.Impl) string {
 	return strings.Join(ns, ", ")
 }
 
-func contendedTable(w io.Writer, title string, impls []benchmarks.Impl, rs map[string]benchmarks.Contended) {
-	tw := table(w, title, "impl", "ops/s", "Jain", "p50 wait", "p99 wait", "max wait", "grants in max wait", "longest pause", "fairlock ÷ peer (ops/s)", "fairlock ÷ peer (max wait)")
-	f := rs[impls[0].Name]
-	for _, impl := range impls {
-		c, ok := rs[impl.Name]
-		if !ok {
-			continue
-		}
-		row(tw, impl.Name, fmt.Sprintf("%.0f", c.Throughput()), fmt.Sprintf("%.3f", c.Jain()),
-			dur(c.Quantile(0.5)), dur(c.Quantile(0.99)), dur(c.Quantile(1)), fmt.Sprint(c.GrantsInMaxWait), dur(c.LongestPause),
-			ratio(f.Throughput(), c.Throughput()), ratio(float64(f.Quantile(1)), float64(c.Quantile(1))))
-	}
-	tw.Flush()
+func row(tw *tabwriter.Writer, cells ...string) {
+	fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 }
 
-// target is one bar of issue #6 and the value a run measured for it.
-type target struct {
-	what  string
-	got   float64
-	op    string // "<=" or ">="
-	bound float64
-}
-
-func (t target) met() bool {
-	return (t.op == "<=" && t.got <= t.bound) || (t.op == ">=" && t.got >= t.bound)
-}
-
-func (t target) bar() string { return fmt.Sprintf("%s %.3f", t.op, t.bound) }
-
-// targets measures each bar of issue #6 on one run's results.
-func targets(ops map[string]map[string]benchmarks.OpResult, hot32 map[string]benchmarks.Contended,
-	churn benchmarks.ChurnResult, storm benchmarks.Contended) []target {
-	var ts []target
-	add := func(what string, got float64, op string, bound float64) {
-		ts = append(ts, target{what, got, op, bound})
-	}
-	for _, sc := range []string{"uncontended", "parallel"} {
-		f := ops[sc]["fairlock"]
-		add(sc+": time ÷ moby/locker", f.NsPerOp/ops[sc]["moby/locker"].NsPerOp, "<=", 0.5)
-		add(sc+": time ÷ containerd/kmutex", f.NsPerOp/ops[sc]["containerd/kmutex"].NsPerOp, "<=", 0.25)
-		add(sc+": allocs/op", float64(f.AllocsPerOp), "<=", 0)
-	}
-	f := hot32["fairlock"]
-	add("hot key G=32: Jain", f.Jain(), ">=", 0.99)
-	add(maxWaitTarget, float64(f.Quantile(1))/float64(hot32["moby/locker"].Quantile(1)), "<=", 0.25)
-	add("hot key G=32: ops/s ÷ moby/locker", f.Throughput()/hot32["moby/locker"].Throughput(), ">=", 0.7)
-	add("hot key G=32: ops/s ÷ containerd/kmutex", f.Throughput()/hot32["containerd/kmutex"].Throughput(), ">=", 1.0)
-	add("churn: entries after", float64(churn.Entries), "<=", 0)
-	add("churn: heap retained after ÷ heap at peak", float64(churn.Retained)/float64(churn.PeakHeap), "<=", 0.05)
-	add("cancellation storm: entries left", float64(storm.Entries), "<=", 0)
-	return ts
-}
-
-// printTargets prints each target with its value and whether it was met.
-func printTargets(w io.Writer, ts []target) {
-	fmt.Fprintf(w, "\nTargets\n")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, t := range ts {
-		fmt.Fprintf(tw, "  %s\t%.3f %s\t%s\n", t.what, t.got, t.bar(), map[bool]string{true: "met", false: "MISSED"}[t.met()])
-	}
-	tw.Flush()
-}
-
-// maxWaitTarget names the hot-key max-wait target, the one a machine's
-// scheduling stalls decide.
-const maxWaitTarget = "hot key G=32: max wait ÷ moby/locker"
-
-// maxWaitBound returns the bound of the max-wait target in ts.
-func maxWaitBound(ts []target) float64 {
-	for _, t := range ts {
-		if t.what == maxWaitTarget {
-			return t.bound
-		}
-	}
-	panic("compare: no " + maxWaitTarget + " target")
-}
-
-// hostStallLine sets the longest stall of the clock-only probe, which ran
-// for d, beside the longest wait the max-wait bar allowed fairlock.
-func (r runResult) hostStallLine(d time.Duration) string {
-	return fmt.Sprintf("a thread that only read the clock stalled for up to %s in %v after the G=32 runs; the max-wait bar allowed fairlock %s, and it waited %s at most",
-		dur(r.clockStall), d, dur(r.allowed), dur(r.maxWait))
-}
-
-// missed reports whether the target named what was missed in ts.
-func missed(ts []target, what string) bool {
-	for _, t := range ts {
-		if t.what == what && !t.met() {
-			return true
-		}
-	}
-	return false
-}
-
-func countMissed(ts []target) int {
-	n := 0
-	for _, t := range ts {
-		if !t.met() {
-			n++
-		}
-	}
-	return n
-}
-
-// hot32Rows are the implementations whose G=32 hot-key throughput the
-// summary of a series prints: fairlock and the two peers of its
-// throughput bars. A ratio that misses its bar may be fairlock's dip or
-// the peer's rise; the throughputs tell which.
-var hot32Rows = []string{"fairlock", "moby/locker", "containerd/kmutex"}
-
-// printTargetRuns prints, for each target, its value in every run (a
-// missed one starred), the runs that met it and the median over the runs;
-// then fairlock's G=32 p99 wait ÷ moby/locker's, its longest G=32 wait,
-// the longest the max-wait bar allowed and the clock-only probe's longest
-// stall, and the G=32 hot-key throughput of hot32Rows in each run; and
-// then the host's steal time in each run, if it was read in all. Each run
-// holds its targets in the same order.
-func printTargetRuns(w io.Writer, runs []runResult) {
-	fmt.Fprintf(w, "\nTargets over %d runs (* missed)\n", len(runs))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := []any{"target", "bar"}
-	for i := range runs {
-		head = append(head, fmt.Sprint(i+1))
-	}
-	row(tw, append(head, "met", "median")...)
-	for j, t := range runs[0].targets {
-		cells := []any{t.what, t.bar()}
-		vals := make([]float64, len(runs))
-		met := 0
-		for i, r := range runs {
-			v := r.targets[j]
-			vals[i] = v.got
-			cell := fmt.Sprintf("%.3f", v.got)
-			if v.met() {
-				met++
-			} else {
-				cell += "*"
-			}
-			cells = append(cells, cell)
-		}
-		cells = append(cells, fmt.Sprintf("%d/%d", met, len(runs)), fmt.Sprintf("%.3f", median(vals)))
-		row(tw, cells...)
-	}
-	// info prints a row of values without a bar, with their median.
-	info := func(what, format string, of func(runResult) float64) {
-		cells := []any{what, ""}
-		vals := make([]float64, len(runs))
-		for i, r := range runs {
-			vals[i] = of(r)
-			cells = append(cells, fmt.Sprintf(format, vals[i]))
-		}
-		row(tw, append(cells, "", fmt.Sprintf(format, median(vals)))...)
-	}
-	info("hot key G=32: p99 wait ÷ moby/locker (no bar)", "%.3f", func(r runResult) float64 { return r.p99Ratio })
-	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
-	info("hot key G=32: fairlock max wait (ms)", "%.2f", func(r runResult) float64 { return ms(r.maxWait) })
-	info("hot key G=32: max wait the bar allowed (ms)", "%.2f", func(r runResult) float64 { return ms(r.allowed) })
-	info("host: longest clock-only stall (ms)", "%.2f", func(r runResult) float64 { return ms(r.clockStall) })
-	for _, name := range hot32Rows {
-		info("hot key G=32: "+name+" ops/s (thousands)", "%.1f", func(r runResult) float64 { return r.hot32[name] / 1000 })
-	}
-	if !slices.ContainsFunc(runs, func(r runResult) bool { return !r.steal.ok }) {
-		info("host steal time over the run (s)", "%.2f", func(r runResult) float64 { return r.steal.run.Seconds() })
-		info("host steal time in G=32 hot-key runs (s)", "%.2f", func(r runResult) float64 { return r.steal.hot32.Seconds() })
-	}
-	tw.Flush()
-}
-
-// median returns the middle value of xs, or the mean of the middle two for
-// an even count; xs is sorted in place.
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
-}
-
-// waitShape is what fairlock's longest hot-key wait was made of.
-type waitShape int
-
-const (
-	queued  waitShape = iota // in the queue while grants went on
-	heldUp                   // held up before it joined the queue
-	stalled                  // in the queue through a stall of the whole run
-)
-
-// longestWait is fairlock's longest G=32 wait: its shape and a line that
-// gives its length and says what it was made of.
-type longestWait struct {
-	shape waitShape
-	text  string
-}
-
-// maxWaitShape says what fairlock's longest wait in c was made of: a call
-// held up before it joined the queue (more grants went by than a FIFO
-// queue lets pass a queued call), or a stall of the whole queue (no grant
-// anywhere for most of the wait), or neither.
-func maxWaitShape(c benchmarks.Contended) longestWait {
-	longest := c.Quantile(1)
+// sig3 formats x with about three significant digits (two below 0.01)
+// and no exponent.
+func sig3(x float64) string {
+	a := math.Abs(x)
 	switch {
-	case c.GrantsInMaxWait > c.Goroutines-1:
-		return longestWait{heldUp, fmt.Sprintf("%s, held up before it joined the queue (%d grants went to others; a queued call lets at most %d pass)",
-			dur(longest), c.GrantsInMaxWait, c.Goroutines-1)}
-	case c.PauseInMaxWait >= longest/2:
-		return longestWait{stalled, fmt.Sprintf("%s, in the queue through a stall of the whole run (no grant anywhere for %s of it)", dur(longest), dur(c.PauseInMaxWait))}
+	case a == 0:
+		return "0"
+	case a < 0.01:
+		return strconv.FormatFloat(x, 'f', 1-int(math.Floor(math.Log10(a))), 64)
+	case a < 10:
+		return strconv.FormatFloat(x, 'f', 2, 64)
+	case a < 100:
+		return strconv.FormatFloat(x, 'f', 1, 64)
 	default:
-		return longestWait{queued, fmt.Sprintf("%s, in the queue (%d grants; longest interval without one %s)", dur(longest), c.GrantsInMaxWait, dur(c.PauseInMaxWait))}
+		return strconv.FormatFloat(x, 'f', 0, 64)
 	}
 }
 
-func table(w io.Writer, title string, cols ...string) *tabwriter.Writer {
-	fmt.Fprintf(w, "\n%s\n", title)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row(tw, toAny(cols)...)
-	return tw
-}
-
-func toAny(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
-
-func row(tw *tabwriter.Writer, cells ...any) {
-	for _, c := range cells {
-		fmt.Fprintf(tw, "%v\t", c)
-	}
-	fmt.Fprintln(tw)
-}
-
-func ratio(a, b float64) string {
-	if b == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", a/b)
-}
-
-func dur(d time.Duration) string {
+// fmtDuration formats nanoseconds in ns, µs or ms.
+func fmtDuration(ns float64) (string, string) {
 	switch {
-	case d >= time.Millisecond:
-		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case ns >= 999.5e3:
+		return sig3(ns / 1e6), "ms"
+	case ns >= 999.5:
+		return sig3(ns / 1e3), "µs"
 	default:
-		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+		return sig3(ns), "ns"
 	}
 }
 
-func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
+// fmtRate formats a rate per second, in thousands or millions above 10⁴.
+func fmtRate(x float64) (string, string) {
+	switch {
+	case x >= 999.5e3:
+		return sig3(x / 1e6), "M"
+	case x >= 1e4:
+		return sig3(x / 1e3), "k"
+	default:
+		return strconv.FormatFloat(x, 'f', 0, 64), ""
+	}
+}
 
-// machine describes the CPU, cores and Go version.
+func fmtCPU(s float64) (string, string)   { return sig3(s), " s" }
+func fmtJain(x float64) (string, string)  { return strconv.FormatFloat(x, 'f', 3, 64), "" }
+func fmtCount(x float64) (string, string) { return strconv.FormatFloat(x, 'f', 0, 64), "" }
+func fmtBytes(x float64) (string, string) { return strconv.FormatFloat(x, 'f', 0, 64), " B" }
+func fmtMiB(x float64) (string, string)   { return sig3(x / (1 << 20)), " MiB" }
+
+// machine names the CPU, the processors Go may use and the Go version.
 func machine() string {
 	cpu := "unknown CPU"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
@@ -633,5 +522,5 @@ func machine() string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s, %d cores, GOMAXPROCS=%d, %s %s/%s", cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return fmt.Sprintf("%s, %d CPUs, GOMAXPROCS=%d, %s %s/%s", cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
