@@ -9,10 +9,10 @@
 //	cd benchmarks && go run ./cmd/compare -markdown    # the tables of docs/performance.md
 //
 // Rounds. Each round measures every scenario once for every
-// implementation; round r takes the implementations in the order of
-// Impls rotated by r (runOrder), so that none always runs first after the
-// previous scenario or last after the others. A figure is the median of
-// its rounds, printed with the smallest and largest: where two
+// implementation that takes part in it; in round r a scenario takes them
+// in their order rotated by r (runOrder), so that none always runs first
+// after the previous scenario or last after the others. A figure is the
+// median of its rounds, printed with the smallest and largest: where two
 // implementations' ranges overlap, this run does not tell them apart.
 //
 // Ratios are fairlock's median ÷ the peer's median: below 1 means fairlock
@@ -254,7 +254,10 @@ type measured struct {
 }
 
 // measure runs every scenario for every implementation that takes part,
-// s.rounds times, and reports each round's order on progress.
+// s.rounds times: in round r, a scenario takes its implementations in
+// their order rotated by r (runOrder), so that over as many rounds as it
+// has implementations each takes each place once. It reports each round
+// on progress.
 func measure(s settings, impls []benchmarks.Impl, scs []scenario, progress io.Writer) measured {
 	m := measured{
 		machine: machine(), rounds: s.rounds, run: s.run, impls: impls, scenarios: scs,
@@ -265,29 +268,31 @@ func measure(s settings, impls []benchmarks.Impl, scs []scenario, progress io.Wr
 	}
 	fmt.Fprintf(progress, "compare: %s; %d rounds, %v per timed run\n", m.machine, s.rounds, s.run)
 	for r := range s.rounds {
-		order := runOrder(impls, r)
-		fmt.Fprintf(progress, "round %d of %d: %s\n", r+1, s.rounds, names(order))
+		fmt.Fprintf(progress, "round %d of %d: each scenario takes its implementations in their order rotated by %d\n", r+1, s.rounds, r)
 		for _, sc := range scs {
 			if sc.once && r > 0 {
 				continue
 			}
-			for _, impl := range order {
-				if sc.takes(impl) {
-					m.values[sc.title][impl.Name] = append(m.values[sc.title][impl.Name], sc.measure(impl))
-				}
+			takes := slices.DeleteFunc(slices.Clone(impls), func(i benchmarks.Impl) bool { return !sc.takes(i) })
+			for _, impl := range runOrder(takes, r) {
+				m.values[sc.title][impl.Name] = append(m.values[sc.title][impl.Name], sc.measure(impl))
 			}
 		}
 	}
 	return m
 }
 
-// runOrder returns impls rotated left by round: the order in which round
-// number round (from 0) measures them. Over as many rounds as there are
+// runOrder returns impls, the implementations that take part in a
+// scenario, rotated left by round: the order in which round number round
+// (from 0) measures them. Over as many rounds as there are
 // implementations each one takes each place once, so an effect of the
 // place (first, straight after the previous scenario's garbage was
 // collected; last, after the others warmed the machine) falls on every
 // implementation alike.
 func runOrder(impls []benchmarks.Impl, round int) []benchmarks.Impl {
+	if len(impls) == 0 {
+		return nil
+	}
 	k := round % len(impls)
 	return append(slices.Clone(impls[k:]), impls[:k]...)
 }
@@ -448,15 +453,6 @@ func (m measured) present(sc scenario) []string {
 		}
 	}
 	return ns
-}
-
-// names lists the implementations' names, comma-separated.
-func names(impls []benchmarks.Impl) string {
-	ns := make([]string, len(impls))
-	for i, impl := range impls {
-		ns[i] = impl.Name
-	}
-	return strings.Join(ns, ", ")
 }
 
 func row(tw *tabwriter.Writer, cells ...string) {

@@ -16,6 +16,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// names lists the implementations' names, comma-separated.
+func names(impls []benchmarks.Impl) string {
+	ns := make([]string, len(impls))
+	for i, impl := range impls {
+		ns[i] = impl.Name
+	}
+	return strings.Join(ns, ", ")
+}
+
 // TestRunOrder checks that as many rounds as there are implementations put
 // each implementation in each place once, that every round measures all
 // of them, and that the first round keeps Impls' order.
@@ -56,8 +65,8 @@ func TestRunOrder(t *testing.T) {
 var fakeImpls = []benchmarks.Impl{{Name: "fairlock"}, {Name: "peer"}, {Name: "one-key", SingleKey: true}}
 
 // TestMeasureRounds checks that measure runs every scenario once per
-// round for each implementation that takes part, in the rotated order,
-// and a once scenario in the first round only.
+// round for each implementation that takes part, in the order of those
+// rotated by the round, and a once scenario in the first round only.
 func TestMeasureRounds(t *testing.T) {
 	var calls []string
 	rec := func(tag string) func(benchmarks.Impl) []float64 {
@@ -69,18 +78,19 @@ func TestMeasureRounds(t *testing.T) {
 	scs := []scenario{
 		{title: "a", metrics: []metric{timeOp}, takes: func(benchmarks.Impl) bool { return true }, measure: rec("a")},
 		{title: "b", metrics: []metric{timeOp}, takes: func(i benchmarks.Impl) bool { return !i.SingleKey }, measure: rec("b"), once: true},
+		{title: "c", metrics: []metric{timeOp}, takes: func(i benchmarks.Impl) bool { return i.Name != "peer" }, measure: rec("c")},
 	}
 	m := measure(settings{rounds: 3, run: time.Millisecond}, fakeImpls, scs, io.Discard)
 	want := []string{
-		"a:fairlock", "a:peer", "a:one-key", "b:fairlock", "b:peer",
-		"a:peer", "a:one-key", "a:fairlock",
-		"a:one-key", "a:fairlock", "a:peer",
+		"a:fairlock", "a:peer", "a:one-key", "b:fairlock", "b:peer", "c:fairlock", "c:one-key",
+		"a:peer", "a:one-key", "a:fairlock", "c:one-key", "c:fairlock",
+		"a:one-key", "a:fairlock", "a:peer", "c:fairlock", "c:one-key",
 	}
 	if diff := cmp.Diff(want, calls); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
-	if got := m.values["a"]["fairlock"]; len(got) != 3 || got[0][0] != 1 || got[1][0] != 8 || got[2][0] != 10 {
-		t.Errorf("scenario a, fairlock: %v, want the values of calls 1, 8 and 10", got)
+	if got := m.values["a"]["fairlock"]; len(got) != 3 || got[0][0] != 1 || got[1][0] != 10 || got[2][0] != 14 {
+		t.Errorf("scenario a, fairlock: %v, want the values of calls 1, 10 and 14", got)
 	}
 	if _, ok := m.values["b"]["one-key"]; ok {
 		t.Errorf("scenario b measured an implementation it does not take")
