@@ -87,7 +87,7 @@ func ParallelDistinct(impl Impl) OpResult {
 // (warmUp) to the moment it was told to stop.
 type Contended struct {
 	Goroutines int
-	Ops        int             // successful Lock+Unlock cycles
+	Ops        int             // successful Lock+Unlock cycles (or RLock, Acquire)
 	Failed     int             // Locks that gave up (cancellation storm)
 	Elapsed    time.Duration   // wall time
 	PerG       []int           // successful cycles per goroutine
@@ -98,6 +98,8 @@ type Contended struct {
 	// it. Nothing else runs in the process during a run, so it is what the
 	// goroutines used: the critical sections, the clock reads that time
 	// each wait, and whatever the lock spends spinning, parking and waking.
+	// Figures of some of a run's goroutines only (ReadMostlyResult's
+	// Readers and Writers) have none: CPUOK is false.
 	CPU   time.Duration
 	CPUOK bool
 }
@@ -158,15 +160,60 @@ type cycle func(h Handle) (wait time.Duration, ok bool)
 // would skew the per-goroutine shares of a short run.
 func warmUp(d time.Duration) time.Duration { return d / 10 }
 
-// run drives g goroutines for warmUp(d) and then d; each makes its cycle
-// with newCycle (given its own random source) and calls it in a loop. It
-// counts, times and takes the process CPU time over the d after the
-// warm-up only.
+// run drives g goroutines on impl's exclusive lock (runGoroutines, with
+// one holder at a time) and returns what they measured together.
 func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle) Contended {
 	l := impl.New()
-	res := Contended{Goroutines: g, PerG: make([]int, g)}
-	waits := make([][]time.Duration, g)
-	failed := make([]int, g)
+	r := runGoroutines(g, 1, d, l.Handle, func(_ int, rng *rand.Rand) func(Handle) (time.Duration, bool) {
+		return newCycle(rng)
+	})
+	c := r.contended(nil)
+	c.Entries = l.Entries()
+	return c
+}
+
+// goroutineRun is what runGoroutines measured, goroutine by goroutine.
+type goroutineRun struct {
+	elapsed time.Duration
+	cpu     time.Duration // the process's, user and system
+	cpuOK   bool
+	waits   [][]time.Duration // by goroutine: the wait of each successful call
+	failed  []int             // by goroutine: calls that gave up
+}
+
+// contended returns the figures of the goroutines i for which in(i) is
+// true, or of every goroutine if in is nil: their grants, give-ups and
+// sorted waits over the run's wall time. Only the figures of every
+// goroutine carry the run's CPU time: the process's CPU time is not split
+// between goroutines. Entries is left to the caller.
+func (r goroutineRun) contended(in func(i int) bool) Contended {
+	c := Contended{Elapsed: r.elapsed}
+	if in == nil {
+		c.CPU, c.CPUOK = r.cpu, r.cpuOK
+		in = func(int) bool { return true }
+	}
+	for i, w := range r.waits {
+		if !in(i) {
+			continue
+		}
+		c.Goroutines++
+		c.PerG = append(c.PerG, len(w))
+		c.Ops += len(w)
+		c.Failed += r.failed[i]
+		c.Waits = append(c.Waits, w...)
+	}
+	slices.Sort(c.Waits)
+	return c
+}
+
+// runGoroutines drives g goroutines for warmUp(d) and then d. Goroutine i
+// takes its own handle from handle, makes its cycle with newCycle (given i
+// and its own random source) and calls the cycle in a loop. It counts,
+// times and takes the process CPU time over the d after the warm-up only.
+// holders is how many goroutines can hold the key at once (1 for an
+// exclusive lock), which sizes the room for their waits (samples).
+func runGoroutines[H any](g, holders int, d time.Duration, handle func() H, newCycle func(i int, rng *rand.Rand) func(H) (time.Duration, bool)) goroutineRun {
+	res := goroutineRun{waits: make([][]time.Duration, g), failed: make([]int, g)}
 	// counting and stop are written once each by this goroutine and read
 	// by every other after each cycle; a grant counts if it returned
 	// while counting was set and stop was not.
@@ -178,9 +225,9 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 		ready.Add(1)
 		go func() {
 			defer wg.Done()
-			h := l.Handle()
-			op := newCycle(rand.New(rand.NewSource(int64(i) + 1)))
-			w := samples(g, d)
+			h := handle()
+			op := newCycle(i, rand.New(rand.NewSource(int64(i)+1)))
+			w := samples(g, holders, d)
 			ready.Done()
 			<-start
 			for !stop.Load() {
@@ -189,13 +236,12 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 					continue
 				}
 				if !ok {
-					failed[i]++
+					res.failed[i]++
 					continue
 				}
 				w = append(w, wait)
 			}
-			waits[i] = w
-			res.PerG[i] = len(w)
+			res.waits[i] = w
 		}()
 	}
 	ready.Wait()
@@ -210,29 +256,29 @@ func run(impl Impl, g int, d time.Duration, newCycle func(rng *rand.Rand) cycle)
 	counting.Store(true)
 	time.Sleep(d)
 	stop.Store(true)
-	res.Elapsed = time.Since(t0)
+	res.elapsed = time.Since(t0)
 	cpu1, ok1 := processCPU()
-	res.CPU, res.CPUOK = cpu1-cpu0, ok0 && ok1
+	res.cpu, res.cpuOK = cpu1-cpu0, ok0 && ok1
 	wg.Wait()
-	for i := range g {
-		res.Ops += res.PerG[i]
-		res.Failed += failed[i]
-		res.Waits = append(res.Waits, waits[i]...)
-	}
-	slices.Sort(res.Waits)
-	res.Entries = l.Entries()
 	return res
 }
 
-// samplesPerSecond bounds the Lock calls per second that run records
-// without growing a slice: above the hot-key rate of every lock here, so
-// that a goroutine's record grows only if it takes several times its
-// share.
+// samplesPerSecond bounds the calls per second, on a key one goroutine
+// can hold at a time, that run records without growing a slice: above the
+// hot-key rate of every lock here, so that a goroutine's record grows only
+// if it takes several times its share.
 const samplesPerSecond = 2_000_000
 
+// maxHolderScale bounds the factor by which samples widens its room for
+// a key that several goroutines hold at once.
+const maxHolderScale = 4
+
 // samples returns an empty slice with room for one goroutine's share of
-// samplesPerSecond over d, its pages already touched. The room stops at
-// 2 s of samples; a longer run grows them.
+// samplesPerSecond over d, its pages already touched. When holders
+// goroutines can hold the key at once the grants can come that many times
+// as fast, as far as there are processors to run the holders: the room
+// grows by that factor, up to maxHolderScale. The room stops at 2 s of
+// samples; a longer run grows them.
 //
 // Growing a slice inside a run allocates fresh memory, faults its pages in
 // and copies the old contents, all after an Unlock and before the next
@@ -240,8 +286,9 @@ const samplesPerSecond = 2_000_000
 // grow theirs in consecutive turns, each while the holder it had just
 // woken waited for its processor: the harness, not the lock, would set
 // the longest waits.
-func samples(g int, d time.Duration) []time.Duration {
-	s := make([]time.Duration, max(4096, int(min(d, 2*time.Second).Seconds()*samplesPerSecond)/g))
+func samples(g, holders int, d time.Duration) []time.Duration {
+	scale := max(1, min(holders, runtime.GOMAXPROCS(0), maxHolderScale))
+	s := make([]time.Duration, max(4096, int(min(d, 2*time.Second).Seconds()*samplesPerSecond)*scale/g))
 	for i := range s {
 		s[i] = 1 // touch every page now, not at the first append of the run
 	}
@@ -372,4 +419,138 @@ func Churn(impl Impl, n int) ChurnResult {
 	runtime.KeepAlive(handles)
 	runtime.KeepAlive(keys)
 	return res
+}
+
+// The scenarios of fairlock's other modes: shared holds (RLock) against a
+// map of sync.RWMutex, and Semaphore against a map of x/sync semaphores.
+// Each takes the implementations that have the mode (Impl.NewRW,
+// Impl.NewSemaphore).
+
+// UncontendedRWLoop is scenario 8: one goroutine cycles RLock+Unlock
+// (shared) or Lock+Unlock over 4096 keys on impl's lock with shared holds,
+// b.N times.
+func UncontendedRWLoop(b *testing.B, impl Impl, shared bool) {
+	h := impl.NewRW().RWHandle()
+	take := h.Lock
+	if shared {
+		take = h.RLock
+	}
+	keys := Keys(4096)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := take(ctx, keys[i&4095]); err != nil {
+			b.Fatal(err)
+		}
+		h.Unlock()
+	}
+}
+
+// UncontendedAcquireLoop is scenario 9: one goroutine cycles
+// Acquire(1)+Unlock over 4096 keys of impl's semaphore with n units per
+// key, b.N times.
+func UncontendedAcquireLoop(b *testing.B, impl Impl, n int64) {
+	h := impl.NewSemaphore(n).SemHandle()
+	keys := Keys(4096)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := h.Acquire(ctx, keys[i&4095], 1); err != nil {
+			b.Fatal(err)
+		}
+		h.Unlock()
+	}
+}
+
+// UncontendedRW runs scenario 8 under testing.Benchmark.
+func UncontendedRW(impl Impl, shared bool) OpResult {
+	return opResult(testing.Benchmark(func(b *testing.B) { UncontendedRWLoop(b, impl, shared) }))
+}
+
+// UncontendedAcquire runs scenario 9 under testing.Benchmark.
+func UncontendedAcquire(impl Impl, n int64) OpResult {
+	return opResult(testing.Benchmark(func(b *testing.B) { UncontendedAcquireLoop(b, impl, n) }))
+}
+
+// ReadMostlyWriters is how many of g goroutines write in the read-mostly
+// scenario: a tenth of them, rounded, and at least one.
+func ReadMostlyWriters(g int) int { return max(1, (g+5)/10) }
+
+// ReadMostlyResult is what a read-mostly run measured. Readers and Writers
+// are the grants and waits of the goroutines of each role, over the run's
+// wall time; only All, every goroutine's, carries the run's CPU time, which
+// is not split between goroutines. Each has the entries left after the
+// run.
+type ReadMostlyResult struct {
+	All, Readers, Writers Contended
+}
+
+// WriteShare is the writers' share of the grants, or NaN if there were
+// none.
+func (r ReadMostlyResult) WriteShare() float64 {
+	if r.All.Ops == 0 {
+		return math.NaN()
+	}
+	return float64(r.Writers.Ops) / float64(r.All.Ops)
+}
+
+// ReadMostly is scenario 10: g goroutines on one key, for d. Goroutines 0
+// to writers-1 are writers: they Lock the key. The others are readers:
+// they RLock it. Each holds it for hold, busy, and Unlocks. A goroutine
+// keeps its role for the whole run, so the writers' share of the grants
+// shows whom the lock favours. Only for implementations with NewRW.
+func ReadMostly(impl Impl, g, writers int, hold, d time.Duration) ReadMostlyResult {
+	l := impl.NewRW()
+	ctx := context.Background()
+	r := runGoroutines(g, g-writers, d, l.RWHandle, func(i int, _ *rand.Rand) func(RWHandle) (time.Duration, bool) {
+		take := RWHandle.RLock
+		if i < writers {
+			take = RWHandle.Lock
+		}
+		return func(h RWHandle) (time.Duration, bool) {
+			t := time.Now()
+			if err := take(h, ctx, "hot"); err != nil {
+				return 0, false
+			}
+			wait := time.Since(t)
+			Spin(hold)
+			h.Unlock()
+			return wait, true
+		}
+	})
+	res := ReadMostlyResult{
+		All:     r.contended(nil),
+		Readers: r.contended(func(i int) bool { return i >= writers }),
+		Writers: r.contended(func(i int) bool { return i < writers }),
+	}
+	res.All.Entries = l.Entries()
+	res.Readers.Entries, res.Writers.Entries = res.All.Entries, res.All.Entries
+	return res
+}
+
+// SemaphoreHotKey is scenario 11: g goroutines on one key of impl's
+// semaphore with n units per key, for d. Goroutine i Acquires 1 + i mod
+// maxW units (all of them 1 unit for maxW = 1), holds them for hold, busy,
+// and gives them back. Only for implementations with NewSemaphore.
+func SemaphoreHotKey(impl Impl, g int, n, maxW int64, hold, d time.Duration) Contended {
+	l := impl.NewSemaphore(n)
+	ctx := context.Background()
+	r := runGoroutines(g, int(n), d, l.SemHandle, func(i int, _ *rand.Rand) func(SemHandle) (time.Duration, bool) {
+		w := 1 + int64(i)%maxW
+		return func(h SemHandle) (time.Duration, bool) {
+			t := time.Now()
+			if err := h.Acquire(ctx, "hot", w); err != nil {
+				return 0, false
+			}
+			wait := time.Since(t)
+			Spin(hold)
+			h.Unlock()
+			return wait, true
+		}
+	})
+	c := r.contended(nil)
+	c.Entries = l.Entries()
+	return c
 }

@@ -1,18 +1,21 @@
 // Command compare runs every benchmark scenario against fairlock and its
 // peers in one process and prints, for each scenario and implementation,
 // the median figure over interleaved rounds with its range, and fairlock's
-// ratio to each peer. It writes two PNG plots: the hot-key wait
-// distribution as a CCDF and throughput against goroutines.
+// ratio to each peer. Scenarios 1 to 7 compare fairlock's exclusive Lock
+// with the keyed locks of benchmarks.Impls; 8 to 11 compare its RLock and
+// its Semaphore with the peers of benchmarks.ModePeers. It writes two PNG
+// plots: the hot-key wait distribution as a CCDF and throughput against
+// goroutines.
 //
 //	cd benchmarks && go run ./cmd/compare              # 5 rounds of 500ms runs
 //	cd benchmarks && go run ./cmd/compare -quick       # 2 rounds of 100ms runs (CI)
 //	cd benchmarks && go run ./cmd/compare -markdown    # the tables of docs/performance.md
 //
 // Rounds. Each round measures every scenario once for every
-// implementation; round r takes the implementations in the order of
-// Impls rotated by r (runOrder), so that none always runs first after the
-// previous scenario or last after the others. A figure is the median of
-// its rounds, printed with the smallest and largest: where two
+// implementation that takes part in it; in round r a scenario takes them
+// in their order rotated by r (runOrder), so that none always runs first
+// after the previous scenario or last after the others. A figure is the
+// median of its rounds, printed with the smallest and largest: where two
 // implementations' ranges overlap, this run does not tell them apart.
 //
 // Ratios are fairlock's median ÷ the peer's median: below 1 means fairlock
@@ -79,14 +82,14 @@ func main() {
 	_ = flag.Set("test.benchtime", s.benchtime)
 
 	pd := newPlotData(!s.noPlots)
-	m := measure(s, benchmarks.Impls(), scenarios(s, pd), os.Stderr)
+	m := measure(s, append(benchmarks.Impls(), benchmarks.ModePeers()...), scenarios(s, pd), os.Stderr)
 	if s.markdown {
 		writeMarkdown(os.Stdout, m)
 	} else {
 		writeText(os.Stdout, m)
 	}
 	if !s.noPlots {
-		paths, err := pd.plot(s.out, m.impls)
+		paths, err := pd.plot(s.out, benchmarks.Impls())
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -101,13 +104,21 @@ type metric struct {
 	ratio  bool // print fairlock ÷ peer
 }
 
+// The markdown tables, in the order printed.
+const (
+	headlineTable = iota // scenarios 1 to 4
+	otherTable           // scenarios 5 to 7
+	modesTable           // scenarios 8 to 11: shared holds and Semaphore
+	tables               // how many there are
+)
+
 // scenario is a group of rows in the tables.
 type scenario struct {
-	title    string // heading of its text table
-	label    string // prefix of its rows in the markdown table
-	headline bool   // in the first markdown table
-	metrics  []metric
-	takes    func(benchmarks.Impl) bool
+	title   string // heading of its text table
+	label   string // prefix of its rows in the markdown table
+	table   int    // the markdown table it is in (headlineTable, ...)
+	metrics []metric
+	takes   func(benchmarks.Impl) bool
 	// measure makes one round's run of impl and returns a value for each
 	// metric, in order.
 	measure func(benchmarks.Impl) []float64
@@ -116,14 +127,15 @@ type scenario struct {
 }
 
 var (
-	timeOp    = metric{"time/op", fmtDuration, true}
-	allocsOp  = metric{"allocs/op", fmtCount, false}
-	opsPerSec = metric{"ops/s", fmtRate, true}
-	cpuPerM   = metric{"CPU s/10⁶ grants", fmtCPU, true}
-	p50       = metric{"wait p50", fmtDuration, true}
-	p99       = metric{"wait p99", fmtDuration, true}
-	pMax      = metric{"wait max", fmtDuration, true}
-	jain      = metric{"Jain", fmtJain, false}
+	timeOp       = metric{"time/op", fmtDuration, true}
+	allocsOp     = metric{"allocs/op", fmtCount, false}
+	opsPerSec    = metric{"ops/s", fmtRate, true}
+	grantsPerSec = metric{"grants/s", fmtRate, true}
+	cpuPerM      = metric{"CPU s/10⁶ grants", fmtCPU, true}
+	p50          = metric{"wait p50", fmtDuration, true}
+	p99          = metric{"wait p99", fmtDuration, true}
+	pMax         = metric{"wait max", fmtDuration, true}
+	jain         = metric{"Jain", fmtJain, false}
 )
 
 // hotKeyHold is the hot-key critical section: a busy spin.
@@ -135,12 +147,26 @@ const blockingHold = time.Millisecond
 // hotKeyGs are the goroutine counts of the hot-key scenario.
 var hotKeyGs = []int{8, 32, 128}
 
+// modeGs are the goroutine counts of the read-mostly and semaphore
+// scenarios.
+var modeGs = []int{8, 32}
+
+// semUnits is the units per key of the semaphore scenarios.
+const semUnits = 4
+
+// mixedG is the goroutine count of the semaphore scenario with mixed
+// weights, and mixedMaxW its largest weight.
+const (
+	mixedG    = 32
+	mixedMaxW = 3
+)
+
 // contended returns the values of ms for c.
 func contended(c benchmarks.Contended, ms []metric) []float64 {
 	vs := make([]float64, len(ms))
 	for i, m := range ms {
 		switch m.name {
-		case opsPerSec.name:
+		case opsPerSec.name, grantsPerSec.name:
 			vs[i] = c.Throughput()
 		case cpuPerM.name:
 			vs[i] = c.CPUPerMillion()
@@ -162,18 +188,20 @@ func contended(c benchmarks.Contended, ms []metric) []float64 {
 // scenarios lists what compare measures, in the order of the tables; the
 // hot-key runs also leave their waits and throughput in pd.
 func scenarios(s settings, pd *plotData) []scenario {
-	all := func(benchmarks.Impl) bool { return true }
-	keyed := func(i benchmarks.Impl) bool { return !i.SingleKey }
+	// Scenarios 1 to 7 take the exclusive locks; the peers of the other
+	// modes have none (New is nil).
+	all := func(i benchmarks.Impl) bool { return i.New != nil }
+	keyed := func(i benchmarks.Impl) bool { return i.New != nil && !i.SingleKey }
 	ops := func(r benchmarks.OpResult) []float64 { return []float64{r.NsPerOp, float64(r.AllocsPerOp)} }
 	scs := []scenario{
 		{
-			title: "1. Uncontended Lock+Unlock over 4096 keys, one goroutine", label: "uncontended", headline: true,
+			title: "1. Uncontended Lock+Unlock over 4096 keys, one goroutine", label: "uncontended", table: headlineTable,
 			metrics: []metric{timeOp, allocsOp}, takes: all,
 			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.Uncontended(i)) },
 		},
 		{
 			title: fmt.Sprintf("2. Parallel, each goroutine on its own keys (RunParallel, GOMAXPROCS=%d)", runtime.GOMAXPROCS(0)),
-			label: "parallel, distinct keys", headline: true,
+			label: "parallel, distinct keys", table: headlineTable,
 			metrics: []metric{timeOp, allocsOp}, takes: keyed,
 			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.ParallelDistinct(i)) },
 		},
@@ -182,7 +210,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 	for _, g := range hotKeyGs {
 		scs = append(scs, scenario{
 			title: fmt.Sprintf("3. Hot key, G=%d goroutines, %v busy critical section", g, hotKeyHold),
-			label: fmt.Sprintf("hot key G=%d", g), headline: true,
+			label: fmt.Sprintf("hot key G=%d", g), table: headlineTable,
 			metrics: hot, takes: all,
 			measure: func(i benchmarks.Impl) []float64 {
 				c := benchmarks.HotKey(i, g, hotKeyHold, s.run)
@@ -194,7 +222,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 	blocking := []metric{opsPerSec, cpuPerM}
 	scs = append(scs, scenario{
 		title: fmt.Sprintf("4. Blocking holder: G=8 goroutines on one key, the holder sleeps %v", blockingHold),
-		label: "blocking holder G=8", headline: true,
+		label: "blocking holder G=8", table: headlineTable,
 		metrics: blocking, takes: all,
 		measure: func(i benchmarks.Impl) []float64 {
 			return contended(benchmarks.BlockingHolder(i, 8, blockingHold, s.run), blocking)
@@ -202,7 +230,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 	})
 	zipf := []metric{opsPerSec, cpuPerM, p99, pMax}
 	scs = append(scs, scenario{
-		title: "5. Zipf(s=1.1) keys over 100k keys, 64 goroutines, 1µs busy critical section", label: "Zipf keys, G=64",
+		title: "5. Zipf(s=1.1) keys over 100k keys, 64 goroutines, 1µs busy critical section", label: "Zipf keys, G=64", table: otherTable,
 		metrics: zipf, takes: keyed,
 		measure: func(i benchmarks.Impl) []float64 {
 			return contended(benchmarks.Zipf(i, 64, 100_000, 1.1, time.Microsecond, s.run), zipf)
@@ -210,14 +238,14 @@ func scenarios(s settings, pd *plotData) []scenario {
 	})
 	scs = append(scs, scenario{
 		title: fmt.Sprintf("6. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
-		label: "churn", once: true,
+		label: "churn", table: otherTable, once: true,
 		metrics: []metric{
 			{"bytes per key held", fmtBytes, true},
 			{"heap at peak", fmtMiB, true},
 			{"heap retained after", fmtMiB, true},
 			{"entries after", fmtCount, false},
 		},
-		takes: func(i benchmarks.Impl) bool { return i.Unbounded },
+		takes: func(i benchmarks.Impl) bool { return i.New != nil && i.Unbounded },
 		measure: func(i benchmarks.Impl) []float64 {
 			c := benchmarks.Churn(i, s.churn)
 			return []float64{c.BytesPerKey, float64(c.PeakHeap), float64(c.Retained), float64(c.Entries)}
@@ -226,20 +254,105 @@ func scenarios(s settings, pd *plotData) []scenario {
 	})
 	scs = append(scs, scenario{
 		title: "7. Cancellation storm: 32 goroutines on a hot key, random timeouts up to 50µs, 2µs busy critical section",
-		label: "cancellation storm",
+		label: "cancellation storm", table: otherTable,
 		metrics: []metric{
 			{"grants/s", fmtRate, true},
 			{"give-ups/s", fmtRate, true},
 			{"entries left", fmtCount, false},
 		},
-		takes: func(i benchmarks.Impl) bool { return i.Cancellable },
+		takes: func(i benchmarks.Impl) bool { return i.New != nil && i.Cancellable },
 		measure: func(i benchmarks.Impl) []float64 {
 			c := benchmarks.CancelStorm(i, 32, hotKeyHold, 50*time.Microsecond, s.run)
 			return []float64{c.Throughput(), float64(c.Failed) / c.Elapsed.Seconds(), float64(c.Entries)}
 		},
 		note: "the other locks cannot give up a wait: no context",
 	})
-	return scs
+	return append(scs, modeScenarios(s)...)
+}
+
+// modeScenarios are scenarios 8 to 11, of fairlock's shared holds and its
+// Semaphore, each against the peer of its mode.
+func modeScenarios(s settings) []scenario {
+	rw := func(i benchmarks.Impl) bool { return i.NewRW != nil }
+	sem := func(i benchmarks.Impl) bool { return i.NewSemaphore != nil }
+	scs := []scenario{
+		{
+			title: "8. Uncontended over 4096 keys, one goroutine: Lock+Unlock and RLock+Unlock", label: "uncontended", table: modesTable,
+			metrics: []metric{
+				{"Lock+Unlock time/op", fmtDuration, true},
+				{"Lock+Unlock allocs/op", fmtCount, false},
+				{"RLock+Unlock time/op", fmtDuration, true},
+				{"RLock+Unlock allocs/op", fmtCount, false},
+			},
+			takes: rw,
+			measure: func(i benchmarks.Impl) []float64 {
+				x, r := benchmarks.UncontendedRW(i, false), benchmarks.UncontendedRW(i, true)
+				return []float64{x.NsPerOp, float64(x.AllocsPerOp), r.NsPerOp, float64(r.AllocsPerOp)}
+			},
+		},
+		{
+			title: fmt.Sprintf("9. Uncontended Acquire(1)+Unlock over 4096 keys, one goroutine, %d units per key", semUnits),
+			label: "uncontended", table: modesTable,
+			metrics: []metric{
+				{"Acquire(1)+Unlock time/op", fmtDuration, true},
+				{"Acquire(1)+Unlock allocs/op", fmtCount, false},
+			},
+			takes: sem,
+			measure: func(i benchmarks.Impl) []float64 {
+				r := benchmarks.UncontendedAcquire(i, semUnits)
+				return []float64{r.NsPerOp, float64(r.AllocsPerOp)}
+			},
+		},
+	}
+	readMostly := []metric{
+		{"reads/s", fmtRate, true},
+		{"writes/s", fmtRate, true},
+		{"writers' share", fmtPercent, false},
+		cpuPerM,
+		{"reader wait p99", fmtDuration, true},
+		{"reader wait max", fmtDuration, true},
+		{"writer wait p99", fmtDuration, true},
+		{"writer wait max", fmtDuration, true},
+		jain,
+	}
+	for _, g := range modeGs {
+		w := benchmarks.ReadMostlyWriters(g)
+		scs = append(scs, scenario{
+			title: fmt.Sprintf("10. Read-mostly hot key, G=%d goroutines: %d write (Lock), %d read (RLock); %v busy critical section", g, w, g-w, hotKeyHold),
+			label: fmt.Sprintf("read-mostly G=%d", g), table: modesTable,
+			metrics: readMostly, takes: rw,
+			measure: func(i benchmarks.Impl) []float64 {
+				r := benchmarks.ReadMostly(i, g, w, hotKeyHold, s.run)
+				return []float64{
+					r.Readers.Throughput(), r.Writers.Throughput(), r.WriteShare(), r.All.CPUPerMillion(),
+					float64(r.Readers.Quantile(0.99)), float64(r.Readers.Quantile(1)),
+					float64(r.Writers.Quantile(0.99)), float64(r.Writers.Quantile(1)),
+					r.All.Jain(),
+				}
+			},
+			note: "writers' share: of all grants; Jain: over every goroutine, readers and writers; " +
+				"moby/locker v2's RWMutexMap is absent: the module proxy has only v1.0.1",
+		})
+	}
+	semaphore := []metric{grantsPerSec, cpuPerM, p99, pMax, jain}
+	semRun := func(g int, maxW int64, title, label string) scenario {
+		return scenario{
+			title: title, label: label, table: modesTable,
+			metrics: semaphore, takes: sem,
+			measure: func(i benchmarks.Impl) []float64 {
+				return contended(benchmarks.SemaphoreHotKey(i, g, semUnits, maxW, hotKeyHold, s.run), semaphore)
+			},
+		}
+	}
+	for _, g := range modeGs {
+		scs = append(scs, semRun(g, 1,
+			fmt.Sprintf("11. Semaphore hot key, %d units, G=%d goroutines each taking 1 unit, %v busy critical section", semUnits, g, hotKeyHold),
+			fmt.Sprintf("semaphore G=%d", g)))
+	}
+	return append(scs, semRun(mixedG, mixedMaxW,
+		fmt.Sprintf("11. Semaphore hot key, %d units, G=%d goroutines taking 1 to %d units (goroutine i: 1 + i mod %d), %v busy critical section",
+			semUnits, mixedG, mixedMaxW, mixedMaxW, hotKeyHold),
+		fmt.Sprintf("semaphore G=%d, 1–%d units", mixedG, mixedMaxW)))
 }
 
 // measured is what one compare run measured: for each scenario (by
@@ -254,7 +367,10 @@ type measured struct {
 }
 
 // measure runs every scenario for every implementation that takes part,
-// s.rounds times, and reports each round's order on progress.
+// s.rounds times: in round r, a scenario takes its implementations in
+// their order rotated by r (runOrder), so that over as many rounds as it
+// has implementations each takes each place once. It reports each round
+// on progress.
 func measure(s settings, impls []benchmarks.Impl, scs []scenario, progress io.Writer) measured {
 	m := measured{
 		machine: machine(), rounds: s.rounds, run: s.run, impls: impls, scenarios: scs,
@@ -265,29 +381,31 @@ func measure(s settings, impls []benchmarks.Impl, scs []scenario, progress io.Wr
 	}
 	fmt.Fprintf(progress, "compare: %s; %d rounds, %v per timed run\n", m.machine, s.rounds, s.run)
 	for r := range s.rounds {
-		order := runOrder(impls, r)
-		fmt.Fprintf(progress, "round %d of %d: %s\n", r+1, s.rounds, names(order))
+		fmt.Fprintf(progress, "round %d of %d: each scenario takes its implementations in their order rotated by %d\n", r+1, s.rounds, r)
 		for _, sc := range scs {
 			if sc.once && r > 0 {
 				continue
 			}
-			for _, impl := range order {
-				if sc.takes(impl) {
-					m.values[sc.title][impl.Name] = append(m.values[sc.title][impl.Name], sc.measure(impl))
-				}
+			takes := slices.DeleteFunc(slices.Clone(impls), func(i benchmarks.Impl) bool { return !sc.takes(i) })
+			for _, impl := range runOrder(takes, r) {
+				m.values[sc.title][impl.Name] = append(m.values[sc.title][impl.Name], sc.measure(impl))
 			}
 		}
 	}
 	return m
 }
 
-// runOrder returns impls rotated left by round: the order in which round
-// number round (from 0) measures them. Over as many rounds as there are
+// runOrder returns impls, the implementations that take part in a
+// scenario, rotated left by round: the order in which round number round
+// (from 0) measures them. Over as many rounds as there are
 // implementations each one takes each place once, so an effect of the
 // place (first, straight after the previous scenario's garbage was
 // collected; last, after the others warmed the machine) falls on every
 // implementation alike.
 func runOrder(impls []benchmarks.Impl, round int) []benchmarks.Impl {
+	if len(impls) == 0 {
+		return nil
+	}
 	k := round % len(impls)
 	return append(slices.Clone(impls[k:]), impls[:k]...)
 }
@@ -392,17 +510,20 @@ func writeText(w io.Writer, m measured) {
 }
 
 // writeMarkdown prints the tables of docs/performance.md: a sentence
-// naming the machine and the run, the headline table (scenarios 1 to 4)
-// and the table of the other scenarios. A row per metric, a column per
-// implementation; each peer's cell ends with fairlock's ratio to it.
+// naming the machine and the run, the headline table (scenarios 1 to 4),
+// the table of scenarios 5 to 7 and the table of fairlock's shared holds
+// and Semaphore (scenarios 8 to 11). A row per metric, a column per
+// implementation that took part in a scenario of the table, "—" where it
+// took no part in a row's; each peer's cell ends with fairlock's ratio to
+// it.
 func writeMarkdown(w io.Writer, m measured) {
 	fmt.Fprintf(w, "Machine: %s. One `compare -markdown` run: %d interleaved rounds, %v per timed run. "+
 		"Each cell: median (smallest–largest) over the rounds · fairlock's median ÷ that lock's.\n",
 		m.machine, m.rounds, m.run)
-	for _, headline := range []bool{true, false} {
+	for table := range tables {
 		var scs []scenario
 		for _, sc := range m.scenarios {
-			if sc.headline == headline {
+			if sc.table == table {
 				scs = append(scs, sc)
 			}
 		}
@@ -448,15 +569,6 @@ func (m measured) present(sc scenario) []string {
 		}
 	}
 	return ns
-}
-
-// names lists the implementations' names, comma-separated.
-func names(impls []benchmarks.Impl) string {
-	ns := make([]string, len(impls))
-	for i, impl := range impls {
-		ns[i] = impl.Name
-	}
-	return strings.Join(ns, ", ")
 }
 
 func row(tw *tabwriter.Writer, cells ...string) {
@@ -505,11 +617,12 @@ func fmtRate(x float64) (string, string) {
 	}
 }
 
-func fmtCPU(s float64) (string, string)   { return sig3(s), " s" }
-func fmtJain(x float64) (string, string)  { return strconv.FormatFloat(x, 'f', 3, 64), "" }
-func fmtCount(x float64) (string, string) { return strconv.FormatFloat(x, 'f', 0, 64), "" }
-func fmtBytes(x float64) (string, string) { return strconv.FormatFloat(x, 'f', 0, 64), " B" }
-func fmtMiB(x float64) (string, string)   { return sig3(x / (1 << 20)), " MiB" }
+func fmtCPU(s float64) (string, string)     { return sig3(s), " s" }
+func fmtPercent(x float64) (string, string) { return strconv.FormatFloat(100*x, 'f', 1, 64), "%" }
+func fmtJain(x float64) (string, string)    { return strconv.FormatFloat(x, 'f', 3, 64), "" }
+func fmtCount(x float64) (string, string)   { return strconv.FormatFloat(x, 'f', 0, 64), "" }
+func fmtBytes(x float64) (string, string)   { return strconv.FormatFloat(x, 'f', 0, 64), " B" }
+func fmtMiB(x float64) (string, string)     { return sig3(x / (1 << 20)), " MiB" }
 
 // machine names the CPU, the processors Go may use and the Go version.
 func machine() string {

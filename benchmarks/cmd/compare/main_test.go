@@ -1,10 +1,12 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,15 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// names lists the implementations' names, comma-separated.
+func names(impls []benchmarks.Impl) string {
+	ns := make([]string, len(impls))
+	for i, impl := range impls {
+		ns[i] = impl.Name
+	}
+	return strings.Join(ns, ", ")
+}
 
 // TestRunOrder checks that as many rounds as there are implementations put
 // each implementation in each place once, that every round measures all
@@ -56,8 +67,8 @@ func TestRunOrder(t *testing.T) {
 var fakeImpls = []benchmarks.Impl{{Name: "fairlock"}, {Name: "peer"}, {Name: "one-key", SingleKey: true}}
 
 // TestMeasureRounds checks that measure runs every scenario once per
-// round for each implementation that takes part, in the rotated order,
-// and a once scenario in the first round only.
+// round for each implementation that takes part, in the order of those
+// rotated by the round, and a once scenario in the first round only.
 func TestMeasureRounds(t *testing.T) {
 	var calls []string
 	rec := func(tag string) func(benchmarks.Impl) []float64 {
@@ -69,18 +80,19 @@ func TestMeasureRounds(t *testing.T) {
 	scs := []scenario{
 		{title: "a", metrics: []metric{timeOp}, takes: func(benchmarks.Impl) bool { return true }, measure: rec("a")},
 		{title: "b", metrics: []metric{timeOp}, takes: func(i benchmarks.Impl) bool { return !i.SingleKey }, measure: rec("b"), once: true},
+		{title: "c", metrics: []metric{timeOp}, takes: func(i benchmarks.Impl) bool { return i.Name != "peer" }, measure: rec("c")},
 	}
 	m := measure(settings{rounds: 3, run: time.Millisecond}, fakeImpls, scs, io.Discard)
 	want := []string{
-		"a:fairlock", "a:peer", "a:one-key", "b:fairlock", "b:peer",
-		"a:peer", "a:one-key", "a:fairlock",
-		"a:one-key", "a:fairlock", "a:peer",
+		"a:fairlock", "a:peer", "a:one-key", "b:fairlock", "b:peer", "c:fairlock", "c:one-key",
+		"a:peer", "a:one-key", "a:fairlock", "c:one-key", "c:fairlock",
+		"a:one-key", "a:fairlock", "a:peer", "c:fairlock", "c:one-key",
 	}
 	if diff := cmp.Diff(want, calls); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
-	if got := m.values["a"]["fairlock"]; len(got) != 3 || got[0][0] != 1 || got[1][0] != 8 || got[2][0] != 10 {
-		t.Errorf("scenario a, fairlock: %v, want the values of calls 1, 8 and 10", got)
+	if got := m.values["a"]["fairlock"]; len(got) != 3 || got[0][0] != 1 || got[1][0] != 10 || got[2][0] != 14 {
+		t.Errorf("scenario a, fairlock: %v, want the values of calls 1, 10 and 14", got)
 	}
 	if _, ok := m.values["b"]["one-key"]; ok {
 		t.Errorf("scenario b measured an implementation it does not take")
@@ -126,6 +138,7 @@ func TestFormats(t *testing.T) {
 		{fmtJain, 0.9996, "1.000"},
 		{fmtMiB, 139_221_729, "133 MiB"},
 		{fmtBytes, 190.6, "191 B"},
+		{fmtPercent, 0.1234, "12.3%"},
 	} {
 		num, unit := c.f(c.x)
 		if got := num + unit; got != c.want {
@@ -169,8 +182,8 @@ func fakeMeasured() measured {
 	return measured{
 		machine: "Test CPU, 2 CPUs", rounds: 2, run: 500 * time.Millisecond, impls: fakeImpls,
 		scenarios: []scenario{
-			{title: "3. Hot key", label: "hot key G=32", headline: true, metrics: []metric{opsPerSec, cpuPerM, jain}},
-			{title: "5. Zipf", label: "Zipf keys", metrics: []metric{opsPerSec}},
+			{title: "3. Hot key", label: "hot key G=32", table: headlineTable, metrics: []metric{opsPerSec, cpuPerM, jain}},
+			{title: "5. Zipf", label: "Zipf keys", table: otherTable, metrics: []metric{opsPerSec}},
 		},
 		values: map[string]map[string][][]float64{
 			"3. Hot key": {
@@ -285,6 +298,128 @@ func TestPlots(t *testing.T) {
 		}
 		if !strings.HasPrefix(string(b), "\x89PNG") {
 			t.Errorf("%s is not a PNG", filepath.Base(p))
+		}
+	}
+}
+
+// TestScenarioTakes checks who takes part in what: scenarios 1 to 7 take
+// no peer of the other modes, and each scenario of the modes table takes
+// fairlock and the peer of its mode, nothing else.
+func TestScenarioTakes(t *testing.T) {
+	impls := append(benchmarks.Impls(), benchmarks.ModePeers()...)
+	var modes []string
+	for _, sc := range scenarios(settings{run: time.Millisecond, churn: 10}, newPlotData(false)) {
+		var got []string
+		for _, impl := range impls {
+			if sc.takes(impl) {
+				got = append(got, impl.Name)
+			}
+		}
+		if sc.table != modesTable {
+			for _, peer := range benchmarks.ModePeers() {
+				if slices.Contains(got, peer.Name) {
+					t.Errorf("%q takes %s, which has no exclusive lock", sc.title, peer.Name)
+				}
+			}
+			continue
+		}
+		modes = append(modes, sc.label)
+		want := []string{"fairlock", "x/sync semaphore map"}
+		if strings.HasPrefix(sc.title, "8. ") || strings.HasPrefix(sc.title, "10. ") {
+			want[1] = "sync.RWMutex map"
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%q takes %q, want %q", sc.title, got, want)
+		}
+	}
+	wantModes := []string{
+		"uncontended", "uncontended", "read-mostly G=8", "read-mostly G=32",
+		"semaphore G=8", "semaphore G=32", "semaphore G=32, 1–3 units",
+	}
+	if !slices.Equal(modes, wantModes) {
+		t.Errorf("the modes table's scenarios are %q, want %q", modes, wantModes)
+	}
+}
+
+// TestModeScenariosRun runs scenarios 8 to 11 for a little while, the
+// uncontended ones once each, and checks that every row of their text
+// tables and of the third markdown table is there with a figure for every
+// lock that takes part, and "—" for the one that does not.
+func TestModeScenariosRun(t *testing.T) {
+	old := flag.Lookup("test.benchtime").Value.String()
+	if err := flag.Set("test.benchtime", "1x"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = flag.Set("test.benchtime", old) })
+	s := settings{rounds: 2, run: 20 * time.Millisecond}
+	m := measure(s, append(benchmarks.Impls(), benchmarks.ModePeers()...), modeScenarios(s), io.Discard)
+
+	var text strings.Builder
+	writeText(&text, m)
+	for _, sc := range m.scenarios {
+		present := m.present(sc)
+		if len(present) != 2 || present[0] != "fairlock" {
+			t.Errorf("%q: measured %q, want fairlock and one peer", sc.title, present)
+			continue
+		}
+		if !strings.Contains(text.String(), sc.title+"\n") {
+			t.Errorf("no table %q in the text", sc.title)
+		}
+		for j, mt := range sc.metrics {
+			for _, impl := range present {
+				st, _ := m.stat(sc, j, impl)
+				if !st.ok && mt.name != cpuPerM.name { // CPU time is Unix only
+					t.Errorf("%q, %s: no %s", sc.title, impl, mt.name)
+				}
+			}
+		}
+	}
+
+	var md strings.Builder
+	writeMarkdown(&md, m)
+	tables := strings.Split(md.String(), "\n\n")
+	if len(tables) != 2 {
+		t.Fatalf("markdown: %d paragraphs, want the sentence and one table:\n%s", len(tables), md.String())
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(tables[1]), "\n") {
+		cells := strings.Split(line, "|")
+		cells = cells[1 : len(cells)-1] // the line begins and ends with |
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[cells[0]] = cells[1:]
+	}
+	if got := rows[""]; !slices.Equal(got, []string{"fairlock", "sync.RWMutex map", "x/sync semaphore map"}) {
+		t.Errorf("markdown columns %q", got)
+	}
+	for _, c := range []struct {
+		row    string
+		absent int // the column of the lock that takes no part
+	}{
+		{"uncontended: RLock+Unlock time/op", 2},
+		{"uncontended: RLock+Unlock allocs/op", 2},
+		{"uncontended: Lock+Unlock time/op", 2},
+		{"uncontended: Acquire(1)+Unlock time/op", 1},
+		{"read-mostly G=8: reads/s", 2},
+		{"read-mostly G=32: writes/s", 2},
+		{"read-mostly G=8: writers' share", 2},
+		{"read-mostly G=32: reader wait p99", 2},
+		{"read-mostly G=32: writer wait max", 2},
+		{"read-mostly G=8: Jain", 2},
+		{"semaphore G=8: grants/s", 1},
+		{"semaphore G=32: wait p99", 1},
+		{"semaphore G=32, 1–3 units: Jain", 1},
+	} {
+		cells, ok := rows[c.row]
+		if !ok {
+			t.Errorf("markdown: no row %q in\n%s", c.row, md.String())
+			continue
+		}
+		for i, cell := range cells {
+			if (i == c.absent) != (cell == "—") {
+				t.Errorf("markdown row %q: cell %d is %q", c.row, i, cell)
+			}
 		}
 	}
 }
