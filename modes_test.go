@@ -551,3 +551,60 @@ func TestInvalidWeight(t *testing.T) {
 	}()
 	fairlock.NewSemaphore[string](0)
 }
+
+// TestSemaphoreKnotRefused: a Semaphore deadlock in which every holder of
+// every awaited key waits, though no single path of holders leads back to
+// the requester through each holder (A and B wait for each other's keys
+// as well), is refused: graph reduction, not a walk, decides. (A
+// depth-first walk that stopped at owners on its current path let T's
+// Acquire hang here.)
+//
+//	A holds K(1), K2(2)  and waits for K1(1)   K1 is full: B 1 + T 1
+//	B holds K(1), K1(1)  and waits for K2(1)   K2 is full: A 2
+//	T holds K1(1)        and asks for K(1)     K is full: A 1 + B 1
+func TestSemaphoreKnotRefused(t *testing.T) {
+	s := fairlock.NewSemaphore[string](2, fairlock.WithDeadlockDetection(), quiet())
+	defer s.Close(context.Background())
+	var held []fairlock.Guard[string]
+	defer func() {
+		for _, g := range held {
+			g.Unlock()
+		}
+	}()
+	ctx := context.Background()
+	a, b, tt := owner.NewContext(ctx), owner.NewContext(ctx), owner.NewContext(ctx)
+	take := func(ctx context.Context, key string, w int64) {
+		t.Helper()
+		g, err := s.Acquire(ctx, key, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, g)
+	}
+	take(a, "K", 1)
+	take(a, "K2", 2)
+	take(b, "K", 1)
+	take(b, "K1", 1)
+	take(tt, "K1", 1)
+	aCtx, aCancel := context.WithCancel(a)
+	bCtx, bCancel := context.WithCancel(b)
+	aWaits := queue(t, func() int { return s.Waiters("K1") }, 1, func(context.Context) (fairlock.Guard[string], error) { return s.Acquire(aCtx, "K1", 1) })
+	bWaits := queue(t, func() int { return s.Waiters("K2") }, 1, func(context.Context) (fairlock.Guard[string], error) { return s.Acquire(bCtx, "K2", 1) })
+	tCtx, tCancel := context.WithTimeout(tt, time.Minute) // fail, not hang, if it is missed
+	defer tCancel()
+	_, err := s.Acquire(tCtx, "K", 1)
+	var de *fairlock.DeadlockError
+	if !errors.Is(err, fairlock.ErrDeadlock) || !errors.As(err, &de) || de.Cycle[0].Owner != owner.Of(tt) {
+		t.Fatalf("T closes a knot no release can undo: %v, want ErrDeadlock starting with T", err)
+	}
+	if last := de.Cycle[len(de.Cycle)-1]; len(de.Cycle) < 2 || last.Key != "K1" {
+		t.Fatalf("the cycle %v does not lead back to T through K1, the key T holds", de.Cycle)
+	}
+	aCancel()
+	bCancel()
+	for _, c := range []flowCall{aWaits, bWaits} {
+		if err := recv(t, c.done).err; !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+	}
+}

@@ -56,55 +56,61 @@ func (e *DeadlockError) Unwrap() error { return ErrDeadlock }
 //
 // This is the wait-for graph of database lock managers (Gray and Reuter,
 // "Transaction Processing", §7.11), checked eagerly when a call is about
-// to wait: the call that would close a cycle is refused. A waiter depends
-// on every holder of its key, also one whose mode it could share: in
-// strict FIFO it cannot be granted before the waiters ahead of it, which
-// wait for those holders.
+// to wait: the call whose wait could never end is refused. A waiter
+// depends on every holder of its key, also one whose mode it could share:
+// in strict FIFO it cannot be granted before the waiters ahead of it,
+// which wait for those holders.
 //
-// A Locker key's waiter needs all of its holders to release (an AND
-// wait), so one holder that waits for the requester closes a cycle. A
-// Semaphore key's waiter may be served by any holder's release (an OR
-// wait, in Knapp's terms: "Deadlock detection in distributed databases",
-// ACM Computing Surveys, 1987), so the requester is refused only if every
-// holder waits for it: never a wait that a holder outside the cycle could
-// still end.
+// The check is a graph reduction (Holt, "Some deadlock properties of
+// computer systems", ACM Computing Surveys, 1972): an owner that waits for
+// nothing can finish and release what it holds; a Locker key is granted
+// once every one of its holders can finish (an AND wait), a Semaphore key
+// once any can give units back (an OR wait, in Knapp's terms: "Deadlock
+// detection in distributed databases", ACM Computing Surveys, 1987); an
+// owner can finish once every key it waits for can be granted. The
+// requester is refused if, with its new wait, it cannot finish. Only the
+// owners reachable from the key take part. For a Locker this finds every
+// cycle; for a Semaphore it refuses only waits no release could end, and
+// it may let one wait where the releases that remain could not free
+// enough units.
 type detector[K comparable] struct {
 	orWaits bool // a Semaphore's detector
 	mu      sync.Mutex
-	holders map[K][]owner.ID       // guarded by mu: the holders of each awaited key
-	waits   map[owner.ID]map[K]int // guarded by mu: keys each owner waits for, with counts
-	peak    int                    // guarded by mu: most entries in holders or waits since made
-	refused atomic.Int64           // cycles refused
+	holders map[K]map[owner.ID]int32 // guarded by mu: the holders of each awaited key
+	waits   map[owner.ID]map[K]int   // guarded by mu: keys each owner waits for, with counts
+	peak    int                      // guarded by mu: most entries in holders or waits since made
+	refused atomic.Int64             // waits refused
 }
 
 func newDetector[K comparable](orWaits bool) *detector[K] {
 	d := &detector[K]{orWaits: orWaits}
-	d.reset()
+	d.holders, d.waits = make(map[K]map[owner.ID]int32), make(map[owner.ID]map[K]int)
 	return d
 }
 
-// reset makes the maps anew, so that memory a peak of waiters took is
-// given back once they are all gone (Go maps never shrink). d.mu is held,
-// or d is new.
-func (d *detector[K]) reset() {
-	d.holders, d.waits, d.peak = make(map[K][]owner.ID), make(map[owner.ID]map[K]int), 0
-}
-
-// wait records that requester is about to wait for key, held by holders
-// (awaited: others wait for it already), unless that would close a cycle;
-// then it leaves the graph as it was and returns the cycle. The caller
-// holds key's shard mutex.
-func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, awaited bool) []WaitEdge {
+// wait records that requester is about to wait for key, unless its wait
+// could never end; then it leaves the graph as it was and returns a cycle
+// through the requester. track says the key is not in the graph yet (it
+// gets its first waiter): its holders are copied in. The caller holds
+// key's shard mutex.
+func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bool) []WaitEdge {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.setHoldersLocked(key, holders)
-	w := walk[K]{d: d, target: requester, seen: make(map[owner.ID]walkState)}
-	if w.blocked(key) {
+	if track {
+		hs := make(map[owner.ID]int32, len(holders))
+		for _, h := range holders {
+			if h.owner != 0 {
+				hs[h.owner]++
+			}
+		}
+		d.holders[key] = hs
+	}
+	if cycle := d.deadlock(key, requester); cycle != nil {
 		d.refused.Add(1)
-		if !awaited {
+		if track {
 			delete(d.holders, key)
 		}
-		return append([]WaitEdge{{Owner: requester, Key: key}}, w.path...)
+		return cycle
 	}
 	ks := d.waits[requester]
 	if ks == nil {
@@ -116,79 +122,132 @@ func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, awaited 
 	return nil
 }
 
-// walk searches the graph for paths back to target, the requester.
-type walk[K comparable] struct {
-	d      *detector[K]
-	target owner.ID
-	seen   map[owner.ID]walkState
-	path   []WaitEdge // from the holder of the requested key to target
-}
-
-// walkState is what a walk knows of an owner it has visited.
-type walkState uint8
-
-const (
-	unreached walkState = iota + 1 // being walked, or walked without reaching target
-	reached                        // reaches target
-)
-
-// blocked reports whether key's release depends on target: for an AND
-// wait any holder of key reaches target, for an OR wait every holder does.
-// When it does, w.path holds one such path.
-func (w *walk[K]) blocked(key K) bool {
-	holders := w.d.holders[key]
-	if len(holders) == 0 {
-		return false
+// deadlock reports a cycle through requester if, once it waits for key
+// too, it can never finish; nil if it can. d.mu is held.
+func (d *detector[K]) deadlock(key K, requester owner.ID) []WaitEdge {
+	// The owners reachable from key, through the keys they wait for.
+	reach := map[owner.ID]bool{}
+	var stack []owner.ID
+	push := func(k K) {
+		for h := range d.holders[k] {
+			if h != requester && !reach[h] {
+				reach[h] = true
+				stack = append(stack, h)
+			}
+		}
 	}
-	if !w.d.orWaits {
-		for _, h := range holders {
-			if w.reaches(h) {
-				return true
+	push(key)
+	for len(stack) > 0 {
+		o := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for k := range d.waits[o] {
+			push(k)
+		}
+	}
+	// Reduce: mark every owner that can finish, until nothing changes.
+	fin := map[owner.ID]bool{}
+	canFinish := func(o owner.ID) bool {
+		if o == requester || reach[o] {
+			return fin[o]
+		}
+		return true // waits for nothing here
+	}
+	granted := func(k K) bool {
+		hs := d.holders[k]
+		for h := range hs {
+			if canFinish(h) == d.orWaits {
+				return d.orWaits // OR: one that can finish is enough; AND: one that cannot blocks
+			}
+		}
+		return !d.orWaits || len(hs) == 0
+	}
+	finishes := func(o owner.ID) bool {
+		for k := range d.waits[o] {
+			if !granted(k) {
+				return false
+			}
+		}
+		return o != requester || granted(key)
+	}
+	for changed := true; changed; {
+		changed = false
+		for o := range reach {
+			if !fin[o] && finishes(o) {
+				fin[o], changed = true, true
+			}
+		}
+		if !fin[requester] && finishes(requester) {
+			fin[requester], changed = true, true
+		}
+	}
+	if fin[requester] {
+		return nil
+	}
+	// Report a cycle: from key, through holders that cannot finish, back
+	// to the requester.
+	path := []WaitEdge{{Owner: requester, Key: key}}
+	seen := map[owner.ID]bool{}
+	var find func(k K) bool
+	find = func(k K) bool {
+		if d.holders[k][requester] > 0 {
+			return true
+		}
+		for h := range d.holders[k] {
+			if canFinish(h) || seen[h] {
+				continue
+			}
+			seen[h] = true
+			for k2 := range d.waits[h] {
+				path = append(path, WaitEdge{Owner: h, Key: k2})
+				if find(k2) {
+					return true
+				}
+				path = path[:len(path)-1]
 			}
 		}
 		return false
 	}
-	start := len(w.path)
-	for i, h := range holders {
-		mark := len(w.path)
-		if !w.reaches(h) {
-			w.path = w.path[:start]
-			return false
-		}
-		if i > 0 {
-			w.path = w.path[:mark] // report one path: the first holder's
-		}
-	}
-	return true
+	find(key)
+	return path
 }
 
-// reaches reports whether o is target or waits, through the graph, for
-// something only target can release, appending the edges it follows.
-func (w *walk[K]) reaches(o owner.ID) bool {
-	if o == w.target {
-		return true
-	}
-	if st, ok := w.seen[o]; ok {
-		// Walked already. On the current path it counts as not reaching:
-		// a cycle that avoids target does not block target's wait.
-		return st == reached
-	}
-	w.seen[o] = unreached
-	for k := range w.d.waits[o] {
-		w.path = append(w.path, WaitEdge{Owner: o, Key: k})
-		if w.blocked(k) {
-			w.seen[o] = reached
-			return true
-		}
-		w.path = w.path[:len(w.path)-1]
-	}
-	return false
-}
-
-// stopWaiting removes one wait of o for key: o was granted it, left the
-// queue, or the Locker closed. The caller holds key's shard mutex.
+// stopWaiting removes one wait of o for key: o left the queue without a
+// grant. The caller holds key's shard mutex.
 func (d *detector[K]) stopWaiting(key K, o owner.ID) {
 	d.mu.Lock()
+	d.dropWait(key, o)
+	d.shrink()
+	d.mu.Unlock()
+}
+
+// settle records what a release or a grant pass did on a key in the
+// graph: the holder that released it (0 for none), the waiters the pass
+// decided (granted ones become holders; every one stops waiting), and
+// whether the key is still awaited (if not, it leaves the graph). The
+// caller holds key's shard mutex.
+func (d *detector[K]) settle(key K, released owner.ID, decided *waiter, awaited bool) {
+	d.mu.Lock()
+	hs := d.holders[key]
+	if released != 0 && hs != nil {
+		if hs[released]--; hs[released] <= 0 {
+			delete(hs, released)
+		}
+	}
+	for w := decided; w != nil; w = w.Value.next {
+		d.dropWait(key, w.Value.owner)
+		if hs != nil && w.Value.outcome == granted && !w.Value.turn {
+			hs[w.Value.owner]++
+		}
+	}
+	if !awaited {
+		delete(d.holders, key)
+	}
+	d.shrink()
+	d.mu.Unlock()
+}
+
+// dropWait removes one wait of o for key. d.mu is held.
+func (d *detector[K]) dropWait(key K, o owner.ID) {
 	if ks := d.waits[o]; ks != nil {
 		if ks[key]--; ks[key] <= 0 {
 			delete(ks, key)
@@ -197,38 +256,24 @@ func (d *detector[K]) stopWaiting(key K, o owner.ID) {
 			delete(d.waits, o)
 		}
 	}
-	d.shrink()
-	d.mu.Unlock()
 }
 
-// setHolders records key's holders while it is awaited, and forgets the
-// key once it is not. The caller holds key's shard mutex.
-func (d *detector[K]) setHolders(key K, holders []holder, awaited bool) {
-	d.mu.Lock()
-	if awaited {
-		d.setHoldersLocked(key, holders)
-	} else {
-		delete(d.holders, key)
-		d.shrink()
-	}
-	d.mu.Unlock()
-}
-
-// setHoldersLocked copies holders' owners into the graph. d.mu is held.
-func (d *detector[K]) setHoldersLocked(key K, holders []holder) {
-	owners := d.holders[key][:0]
-	for _, h := range holders {
-		owners = append(owners, h.owner)
-	}
-	d.holders[key] = owners
-}
-
-// shrink remakes the maps once both are empty after a peak large enough
-// to matter. d.mu is held.
+// shrink makes the maps anew once they hold an eighth of a peak large
+// enough to matter, so that the memory a peak of waiters took is given
+// back (Go maps never shrink). d.mu is held.
 func (d *detector[K]) shrink() {
-	if len(d.holders) == 0 && len(d.waits) == 0 && d.peak > shrinkAt {
-		d.reset()
+	if d.peak <= shrinkAt || max(len(d.holders), len(d.waits)) >= d.peak/8 {
+		return
 	}
+	holders := make(map[K]map[owner.ID]int32, len(d.holders))
+	for k, hs := range d.holders {
+		holders[k] = hs
+	}
+	waits := make(map[owner.ID]map[K]int, len(d.waits))
+	for o, ks := range d.waits {
+		waits[o] = ks
+	}
+	d.holders, d.waits, d.peak = holders, waits, max(len(holders), len(waits))
 }
 
 // refuseDeadlock logs and returns the error for a refused cycle.

@@ -93,10 +93,13 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 		st.Waiters += s.waiting
 		for e := range s.entries() {
 			k := registry.KeyState{
-				Holders: make([]registry.HolderState, 0, len(e.holders)),
+				Holders: make([]registry.HolderState, 0, e.holding()),
 				Waiters: make([]registry.WaiterState, 0, e.waiters.Len()),
 			}
 			for _, h := range e.holders {
+				if h.owner == 0 {
+					continue // released
+				}
 				hs := registry.HolderState{Owner: h.owner.String(), Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
 				hs.For = now.Sub(hs.Since)
 				hs.LongHeld = long(hs.For)
@@ -261,7 +264,14 @@ func (t *table[K]) overdue(limit time.Duration, out []warning[K]) []warning[K] {
 			s.lock()
 			now := time.Now()
 			for e := range s.entries() {
+				var oldest string // the first live holder, named in long-wait warnings
 				for _, h := range e.holders {
+					if h.owner == 0 {
+						continue // released
+					}
+					if oldest == "" {
+						oldest = h.owner.String()
+					}
 					if age := now.Sub(h.info.since); due(age, &h.info.warned) {
 						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: e.key, owner: h.owner.String(),
 							mode: t.mode(h.units, false), token: h.token, age: age, stack: h.info.stack})
@@ -271,7 +281,7 @@ func (t *table[K]) overdue(limit time.Duration, out []warning[K]) []warning[K] {
 					if age := now.Sub(w.Value.now); due(age, &w.Value.warned) {
 						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: e.key, owner: w.Value.owner.String(),
 							mode: t.mode(w.Value.units, w.Value.turn), age: age, stack: w.Value.stack,
-							wait: true, holder: e.holders[0].owner.String()}) // a waiter queues behind a holder
+							wait: true, holder: oldest})
 					}
 				}
 			}

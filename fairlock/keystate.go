@@ -1,6 +1,8 @@
 package fairlock
 
 import (
+	"cmp"
+	"math"
 	"slices"
 	"time"
 
@@ -43,9 +45,16 @@ import (
 // and an entry with neither is deleted by the caller.
 type entry[K comparable] struct {
 	key     K
-	slot    int                        // index in the shard's slots, or -1 in its overflow map
-	used    int64                      // units held: the sum of holders' units
-	holders []holder                   // in grant order, so by increasing token
+	slot    int8   // index in the shard's slots, or -1 in its overflow map
+	tracked bool   // the deadlock detector tracks this key's holders: it is awaited
+	indexed bool   // the shard keeps an owner index of the holders (many holders)
+	dead    uint16 // released holders not yet compacted out of holders
+	used    int64  // units held: the sum of live holders' units
+	// holders are the grants, in grant order, so by increasing token. A
+	// released one stays as a tombstone (owner 0) until tombstones are
+	// half the slice, or no holder is left: a release costs a binary
+	// search, not a copy of the slice, whatever the order of releases.
+	holders []holder
 	waiters waitqueue.Queue[waitState] // in arrival order
 }
 
@@ -104,8 +113,15 @@ func (e *entry[K]) fits(r *request, size int64) bool {
 	return r.units <= size-e.used
 }
 
-// holds reports whether o holds e in any mode.
-func (e *entry[K]) holds(o owner.ID) bool {
+// holding returns the number of live holders.
+func (e *entry[K]) holding() int { return len(e.holders) - int(e.dead) }
+
+// holds reports whether o holds e in any mode. idx is the shard's owner
+// index of e's holders, or nil if it keeps none (few holders).
+func (e *entry[K]) holds(o owner.ID, idx map[owner.ID]int32) bool {
+	if idx != nil {
+		return idx[o] > 0
+	}
 	for i := range e.holders {
 		if e.holders[i].owner == o {
 			return true
@@ -116,24 +132,28 @@ func (e *entry[K]) holds(o owner.ID) bool {
 
 // admit grants r at once if nobody is queued and r fits; it reports
 // whether it did. A Wait admitted holds nothing and has token 0.
-func (e *entry[K]) admit(r *request, size int64, gen *uint64, infos *infoFree) (token uint64, ok bool) {
+func (e *entry[K]) admit(r *request, size int64, gen *uint64, infos *infoFree, idx map[owner.ID]int32) (token uint64, ok bool) {
 	if e.waiters.Len() > 0 || !e.fits(r, size) {
 		return 0, false
 	}
 	if r.turn {
 		return 0, true
 	}
-	return e.addHolder(r, gen, infos.get()), true
+	return e.addHolder(r, gen, infos.get(), idx), true
 }
 
-// addHolder makes r a holder under the next token of gen.
-func (e *entry[K]) addHolder(r *request, gen *uint64, info *holdInfo) uint64 {
+// addHolder makes r a holder under the next token of gen, and counts it in
+// idx if the shard keeps one for e.
+func (e *entry[K]) addHolder(r *request, gen *uint64, info *holdInfo, idx map[owner.ID]int32) uint64 {
 	*gen++
 	if info != nil {
 		*info = holdInfo{since: r.now, stack: r.stack}
 	}
 	e.holders = append(e.holders, holder{owner: r.owner, token: *gen, units: r.units, info: info})
 	e.used += r.units
+	if idx != nil {
+		idx[r.owner]++
+	}
 	return *gen
 }
 
@@ -141,7 +161,7 @@ func (e *entry[K]) addHolder(r *request, gen *uint64, info *holdInfo) uint64 {
 // is popped and made a holder (or, for a Wait, passed). infos supplies a
 // holdInfo per grant for timed lockers (nil otherwise). It returns the
 // decided waiters, linked through next, oldest first.
-func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree) (decided *waiter) {
+func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree, idx map[owner.ID]int32) (decided *waiter) {
 	var last *waiter
 	for w := e.waiters.Front(); w != nil && e.fits(&w.Value.request, size); w = e.waiters.Front() {
 		e.waiters.PopFront()
@@ -149,7 +169,7 @@ func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree
 		if !w.Value.turn {
 			r := w.Value.request
 			r.now = now
-			w.Value.token = e.addHolder(&r, gen, infos.get())
+			w.Value.token = e.addHolder(&r, gen, infos.get(), idx)
 		}
 		w.Value.next = nil
 		if last == nil {
@@ -163,17 +183,31 @@ func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree
 }
 
 // release drops the holder with token and returns it; ok is false if no
-// holder has it (a stale Guard). The caller runs the grant pass.
-func (e *entry[K]) release(token uint64) (h holder, ok bool) {
-	for i := range e.holders {
-		if e.holders[i].token == token {
-			h = e.holders[i]
-			e.holders = slices.Delete(e.holders, i, i+1)
-			e.used -= h.units
-			return h, true
+// holder has it (a stale Guard). idx is as for holds. The caller runs the
+// grant pass.
+func (e *entry[K]) release(token uint64, idx map[owner.ID]int32) (h holder, ok bool) {
+	i, found := slices.BinarySearchFunc(e.holders, token, func(h holder, t uint64) int { return cmp.Compare(h.token, t) })
+	if !found || e.holders[i].owner == 0 {
+		return holder{}, false
+	}
+	h = e.holders[i]
+	e.used -= h.units
+	if idx != nil {
+		if idx[h.owner]--; idx[h.owner] <= 0 {
+			delete(idx, h.owner)
 		}
 	}
-	return holder{}, false
+	e.holders[i] = holder{token: h.token} // a tombstone keeps the order searchable
+	e.dead++
+	switch {
+	case e.holding() == 0:
+		clear(e.holders)
+		e.holders, e.dead = e.holders[:0], 0
+	case int(e.dead) > len(e.holders)/2 || e.dead == math.MaxUint16:
+		e.holders = slices.DeleteFunc(e.holders, func(h holder) bool { return h.owner == 0 })
+		e.dead = 0
+	}
+	return h, true
 }
 
 // closeWaiters decides every waiter closed and returns them, linked
@@ -195,7 +229,7 @@ func (e *entry[K]) closeWaiters() (decided *waiter) {
 
 // idle reports whether e has neither holder nor waiter: its key is no
 // longer live.
-func (e *entry[K]) idle() bool { return len(e.holders) == 0 && e.waiters.Len() == 0 }
+func (e *entry[K]) idle() bool { return e.holding() == 0 && e.waiters.Len() == 0 }
 
 // infoFree recycles holdInfos within a shard of a timed locker. A nil
 // *infoFree (an untimed locker) hands out nil.

@@ -27,7 +27,12 @@
 //
 // An uncontended Lock, RLock or Acquire and its Unlock, on a key whose
 // shard holds no other key, is three atomic operations on the shard's state
-// word and no mutex; anything else takes the shard mutex. Neither allocates
+// word and no mutex; anything else takes the shard mutex. That mutex is the
+// only wait of a Try call, Unlock, Locked or Waiters ("never blocks beyond
+// the shard mutex"): it is held only for bookkeeping, and taking it waits
+// out a lock-free grant of the same shard caught between its two
+// publishing stores (yielding, then sleeping briefly if that grant's
+// goroutine was preempted there). Neither allocates
 // with debug and observer off. A call that must wait allocates nothing
 // either once the package has warmed up: waiters are recycled. A key's
 // state exists only while the key is held or awaited, so a Locker over

@@ -20,10 +20,9 @@ import (
 //
 // Options mean what they mean for a Locker: name, shards, debug, stacks,
 // long-held warnings, logger, observer and deadlock detection. For deadlock
-// detection a Semaphore waiter is blocked for good only if every holder of
-// the key waits, directly or not, for the requester: a holder outside the
-// cycle may still release units. So a Semaphore refuses only certain
-// deadlocks, never a wait that could end.
+// detection a Semaphore waiter is blocked for good only if no holder of the
+// key can ever finish: any one of them may release units. So a Semaphore
+// refuses only certain deadlocks, never a wait that could end.
 type Semaphore[K comparable] struct {
 	t table[K] // first: a Semaphore and its table share one allocation
 }

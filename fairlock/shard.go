@@ -44,11 +44,14 @@ type shard[K comparable] struct {
 	overflow map[K]*entry[K]        // guarded by mu: live keys beyond the slots; nil until needed
 	peak     int                    // guarded by mu: most overflow keys since overflow was made
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
-	infos    infoFree               // guarded by mu: recycled holdInfos (timed tables)
-	waiting  int                    // guarded by mu: waiters over all entries
-	gen      uint64                 // guarded by mu: last grant token handed out (in slow mode)
-	handOffs uint64                 // guarded by mu: grant passes that decided a waiter
-	parks    uint64                 // guarded by mu: waiters queued, for refreshing procs
+	// owners indexes the holders of entries with many (indexed set), so
+	// that the reentrancy check of one more reader does not scan them all.
+	owners   map[*entry[K]]map[owner.ID]int32 // guarded by mu
+	infos    infoFree                         // guarded by mu: recycled holdInfos (timed tables)
+	waiting  int                              // guarded by mu: waiters over all entries
+	gen      uint64                           // guarded by mu: last grant token handed out (in slow mode)
+	handOffs uint64                           // guarded by mu: grant passes that decided a waiter
+	parks    uint64                           // guarded by mu: waiters queued, for refreshing procs
 	_        [64]byte
 }
 
@@ -241,7 +244,7 @@ func (s *shard[K]) insert(e *entry[K], tag uint64) {
 	}
 	for i := range s.tags {
 		if s.tags[i] == 0 {
-			s.tags[i], s.slots[i], e.slot = tag, e, i
+			s.tags[i], s.slots[i], e.slot = tag, e, int8(i)
 			return
 		}
 	}
@@ -258,13 +261,14 @@ func (s *shard[K]) remove(e *entry[K]) {
 	if s.live--; s.live == 0 {
 		s.t.markLive(s.idx, false)
 	}
+	if e.indexed {
+		delete(s.owners, e)
+	}
 	if e.slot >= 0 {
 		s.tags[e.slot], s.slots[e.slot] = 0, nil
 	} else {
 		delete(s.overflow, e.key)
-		if len(s.overflow) == 0 && s.peak > shrinkAt {
-			s.overflow, s.peak = nil, 0
-		}
+		s.shrinkOverflow()
 	}
 	holders := e.holders[:0]
 	if cap(holders) > maxKeptHolders {
@@ -276,6 +280,63 @@ func (s *shard[K]) remove(e *entry[K]) {
 	}
 	if s.live == 0 && s.closed {
 		s.t.shardDrained()
+	}
+}
+
+// shrinkOverflow makes the overflow map anew once it holds an eighth of a
+// peak large enough to matter, or drops it once empty: Go maps never
+// shrink, and one key held long must not keep a peak's map. s.mu is held.
+func (s *shard[K]) shrinkOverflow() {
+	switch {
+	case s.peak <= shrinkAt:
+	case len(s.overflow) == 0:
+		s.overflow, s.peak = nil, 0
+	case len(s.overflow) < s.peak/8:
+		m := make(map[K]*entry[K], len(s.overflow))
+		for k, e := range s.overflow {
+			m[k] = e
+		}
+		s.overflow, s.peak = m, len(m)
+	}
+}
+
+// indexAt is how many live holders make an entry's reentrancy check use
+// an owner index instead of scanning; the index goes below indexAt/4.
+const indexAt = 32
+
+// index returns e's owner index, or nil if it has none. s.mu is held.
+func (s *shard[K]) index(e *entry[K]) map[owner.ID]int32 {
+	if !e.indexed {
+		return nil
+	}
+	return s.owners[e]
+}
+
+// ownerIndex returns e's owner index, building it if e has many holders,
+// or nil if it has few. s.mu is held.
+func (s *shard[K]) ownerIndex(e *entry[K]) map[owner.ID]int32 {
+	if e.indexed || e.holding() < indexAt {
+		return s.index(e)
+	}
+	idx := make(map[owner.ID]int32, e.holding())
+	for _, h := range e.holders {
+		if h.owner != 0 {
+			idx[h.owner]++
+		}
+	}
+	if s.owners == nil {
+		s.owners = make(map[*entry[K]]map[owner.ID]int32)
+	}
+	s.owners[e], e.indexed = idx, true
+	return idx
+}
+
+// dropIndexIfFew drops e's owner index once its holders are few again.
+// s.mu is held.
+func (s *shard[K]) dropIndexIfFew(e *entry[K]) {
+	if e.indexed && e.holding() < indexAt/4 {
+		delete(s.owners, e)
+		e.indexed = false
 	}
 }
 

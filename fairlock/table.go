@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -254,8 +255,9 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 	case isDone(done):
 		// ctx ended while this call waited for the shard mutex: fail, as
 		// x/sync/semaphore's Acquire does, rather than grant a caller
-		// that has given up.
-		err = contextError(ctx)
+		// that has given up. The error is built once s.mu is released:
+		// ctx's Err and Value methods are the caller's code.
+		err = errContextDone
 	case e == nil:
 		if r.turn {
 			s.unlock() // a free key: the turn is now
@@ -263,13 +265,13 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 		}
 		e = s.newEntry(key)
 		s.insert(e, tag)
-		token := e.addHolder(&r, &s.gen, s.infoPool().get())
+		token := e.addHolder(&r, &s.gen, s.infoPool().get(), nil)
 		s.unlock()
 		return t.granted(s, key, token, 0, true), nil
-	case e.holds(r.owner):
+	case e.holds(r.owner, s.ownerIndex(e)):
 		err = ErrReentrant
 	case try:
-		token, ok := e.admit(&r, t.size, &s.gen, s.infoPool())
+		token, ok := e.admit(&r, t.size, &s.gen, s.infoPool(), s.index(e))
 		if !ok {
 			err = ErrWouldBlock
 			break
@@ -277,21 +279,29 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 		s.unlock()
 		return t.granted(s, key, token, 0, !r.turn), nil
 	default:
-		if token, ok := e.admit(&r, t.size, &s.gen, s.infoPool()); ok {
+		if token, ok := e.admit(&r, t.size, &s.gen, s.infoPool(), s.index(e)); ok {
 			s.unlock()
 			return t.granted(s, key, token, 0, !r.turn), nil
 		}
 		if t.detector != nil {
-			if cycle := t.detector.wait(key, e.holders, r.owner, e.waiters.Len() > 0); cycle != nil {
+			if cycle := t.detector.wait(key, e.holders, r.owner, !e.tracked); cycle != nil {
 				s.unlock()
 				return t.refuseDeadlock(ctx, op, key, r.owner, cycle)
 			}
+			e.tracked = true
 		}
 		return t.wait(ctx, op, key, s, e, r)
 	}
 	s.unlock()
+	if err == errContextDone {
+		err = contextError(ctx)
+	}
 	return t.fail(ctx, op, key, r.owner, err, 0, !r.turn)
 }
+
+// errContextDone stands in, under a shard mutex, for the error of a
+// context found done there.
+var errContextDone = errors.New("fairlock: context done")
 
 // granted builds the Guard of a grant with token (none for a Wait's turn,
 // token 0) and reports it to the observer if report is set.
@@ -312,10 +322,12 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 	w.Value = waitState{request: r}
 	e.waiters.PushBack(w)
 	s.waiting++
-	if s.parks++; s.parks%procsRefreshEvery == 0 {
-		defer refreshProcs() // off the hand-off path: this caller is about to block
-	}
+	s.parks++
+	refresh := s.parks%procsRefreshEvery == 0
 	s.unlock()
+	if refresh {
+		refreshProcs() // off the hand-off path: this caller is about to wait
+	}
 
 	done := ctx.Done()
 	if done == nil {
@@ -333,7 +345,7 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 				if t.detector != nil {
 					t.detector.stopWaiting(key, r.owner)
 				}
-				decided := t.grantPass(s, e, t.now(), true)
+				decided := t.grantPass(s, e, t.now(), 0)
 				s.unlock()
 				signal(decided)
 				releaseWaiter(w)
@@ -366,25 +378,23 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 }
 
 // grantPass runs e's grant pass at time now and settles the shard's books
-// for what it decided: waiter counts, the detector (when the key was or is
-// awaited: wasAwaited, or a waiter decided or left), and e's removal once
-// it is idle. It returns the decided waiters for the caller to signal after
-// s.mu is released. s.mu is held.
-func (t *table[K]) grantPass(s *shard[K], e *entry[K], now time.Time, wasAwaited bool) *waiter {
-	decided := e.grant(t.size, &s.gen, now, s.infoPool())
+// for what it decided: waiter counts, the detector (if it tracks the key;
+// released is the owner whose release led here, or 0), and e's removal
+// once it is idle. It returns the decided waiters for the caller to
+// signal after s.mu is released. s.mu is held.
+func (t *table[K]) grantPass(s *shard[K], e *entry[K], now time.Time, released owner.ID) *waiter {
+	decided := e.grant(t.size, &s.gen, now, s.infoPool(), s.index(e))
 	n := 0
 	for w := decided; w != nil; w = w.Value.next {
 		n++
-		if t.detector != nil {
-			t.detector.stopWaiting(e.key, w.Value.owner)
-		}
 	}
 	if n > 0 {
 		s.waiting -= n
 		s.handOffs++
 	}
-	if t.detector != nil && (wasAwaited || n > 0 || e.waiters.Len() > 0) {
-		t.detector.setHolders(e.key, e.holders, e.waiters.Len() > 0)
+	if e.tracked {
+		e.tracked = e.waiters.Len() > 0
+		t.detector.settle(e.key, released, decided, e.tracked)
 	}
 	if e.idle() {
 		s.remove(e)
@@ -476,17 +486,18 @@ func (g Guard[K]) release(report bool) bool {
 		s.unlock()
 		return false
 	}
-	h, ok := e.release(g.gen)
+	h, ok := e.release(g.gen, s.index(e))
 	if !ok {
 		s.unlock()
 		return false
 	}
+	s.dropIndexIfFew(e)
 	var grantedAt time.Time
 	if h.info != nil {
 		grantedAt = h.info.since
 		s.infos.put(h.info)
 	}
-	decided := t.grantPass(s, e, now, false)
+	decided := t.grantPass(s, e, now, h.owner)
 	yield := decided != nil && s.handOffs%yieldEvery == 0
 	s.unlock()
 	if decided != nil {
@@ -520,11 +531,11 @@ const yieldEvery = 64
 
 // procs caches runtime.GOMAXPROCS(0), which takes the scheduler's global
 // lock and so stays off the release path. It is refreshed when a table is
-// made and every procsRefreshEvery waits queued on a shard, by the waiter
-// that is about to block anyway.
+// made and every procsRefreshEvery waits queued on a shard, by the waiter,
+// after it queued and before it waits.
 var procs atomic.Int32
 
-const procsRefreshEvery = 1024
+const procsRefreshEvery = 64
 
 func refreshProcs() { procs.Store(int32(runtime.GOMAXPROCS(0))) }
 
@@ -533,7 +544,7 @@ func (t *table[K]) locked(key K) bool {
 	s, tag := t.shardOf(key)
 	s.lock()
 	e := s.find(key, tag)
-	ok := e != nil && len(e.holders) > 0
+	ok := e != nil && e.holding() > 0
 	s.unlock()
 	return ok
 }
@@ -598,19 +609,17 @@ func (t *table[K]) closeShards() {
 		s.closed = true
 		for e := range s.entries() {
 			decided := e.closeWaiters()
+			if e.tracked {
+				e.tracked = false
+				t.detector.settle(e.key, 0, decided, false)
+			}
 			for w := decided; w != nil; w = w.Value.next {
-				if t.detector != nil {
-					t.detector.stopWaiting(e.key, w.Value.owner)
-				}
 				if all == nil {
 					all = w
 				} else {
 					last.Value.next = w
 				}
 				last = w
-			}
-			if t.detector != nil && decided != nil {
-				t.detector.setHolders(e.key, nil, false)
 			}
 		}
 		s.waiting = 0
