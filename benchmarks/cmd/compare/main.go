@@ -134,6 +134,7 @@ var (
 	cpuPerM      = metric{"CPU s/10⁶ grants", fmtCPU, true}
 	p50          = metric{"wait p50", fmtDuration, true}
 	p99          = metric{"wait p99", fmtDuration, true}
+	p999         = metric{"wait p99.9", fmtDuration, true}
 	pMax         = metric{"wait max", fmtDuration, true}
 	jain         = metric{"Jain", fmtJain, false}
 )
@@ -174,6 +175,8 @@ func contended(c benchmarks.Contended, ms []metric) []float64 {
 			vs[i] = float64(c.Quantile(0.5))
 		case p99.name:
 			vs[i] = float64(c.Quantile(0.99))
+		case p999.name:
+			vs[i] = float64(c.Quantile(0.999))
 		case pMax.name:
 			vs[i] = float64(c.Quantile(1))
 		case jain.name:
@@ -206,7 +209,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.ParallelDistinct(i)) },
 		},
 	}
-	hot := []metric{opsPerSec, cpuPerM, p50, p99, pMax, jain}
+	hot := []metric{opsPerSec, cpuPerM, p50, p99, p999, pMax, jain}
 	for _, g := range hotKeyGs {
 		scs = append(scs, scenario{
 			title: fmt.Sprintf("3. Hot key, G=%d goroutines, %v busy critical section", g, hotKeyHold),
