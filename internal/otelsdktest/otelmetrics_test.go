@@ -293,3 +293,48 @@ func TestGaugesTrackHeldAndWaitersPerLocker(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSemaphoreAndSharedHoldsReported: a Semaphore reports like a Locker
+// (its acquisitions by result, its gauges), shared holds count as
+// acquisitions and holds, and Wait acquires nothing.
+func TestSemaphoreAndSharedHoldsReported(t *testing.T) {
+	obs, reader := newObserver(t)
+	ctx := context.Background()
+	s := fairlock.NewSemaphore[string](2, fairlock.WithName("sem"), fairlock.WithObserver(obs))
+	l := fairlock.New[string](fairlock.WithName("rw"), fairlock.WithObserver(obs))
+	u1, _ := s.Acquire(owner.NewContext(ctx), "k", 2)
+	if _, err := s.TryAcquire(owner.NewContext(ctx), "k", 1); err == nil {
+		t.Fatal("TryAcquire of a full key succeeded")
+	}
+	_, _ = s.Acquire(ctx, "k", 3) // invalid weight
+	r1, _ := l.RLock(owner.NewContext(ctx), "k")
+	r2, _ := l.RLock(owner.NewContext(ctx), "k")
+	values := collect(t, reader).values
+	for p, want := range map[point]int64{
+		{"fairlock.lock.acquisitions", "sem", "acquired"}:       1,
+		{"fairlock.lock.acquisitions", "sem", "would_block"}:    1,
+		{"fairlock.lock.acquisitions", "sem", "invalid_weight"}: 1,
+		{"fairlock.lock.held", "sem", ""}:                       1,
+		{"fairlock.lock.acquisitions", "rw", "acquired"}:        2,
+		{"fairlock.lock.held", "rw", ""}:                        1,
+	} {
+		if got := values[p]; got != want {
+			t.Errorf("%v = %d, want %d", p, got, want)
+		}
+	}
+	u1.Unlock()
+	r1.Unlock()
+	r2.Unlock()
+	if err := l.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	values = collect(t, reader).values
+	if got := values[point{"fairlock.lock.acquisitions", "rw", "acquired"}]; got != 2 {
+		t.Errorf("acquisitions of rw after a Wait: %d, want 2 (Wait acquires nothing)", got)
+	}
+	for _, closer := range []interface{ Close(context.Context) error }{s, l} {
+		if err := closer.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
