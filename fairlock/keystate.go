@@ -162,7 +162,7 @@ func (e *entry[K]) addHolder(r *request, gen *uint64, info *holdInfo, idx map[ow
 // holdInfo per grant for timed lockers (nil otherwise). It returns the
 // decided waiters, linked through next, oldest first.
 func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree, idx map[owner.ID]int32) (decided *waiter) {
-	var last *waiter
+	var list decidedList
 	for w := e.waiters.Front(); w != nil && e.fits(&w.Value.request, size); w = e.waiters.Front() {
 		e.waiters.PopFront()
 		w.Value.outcome = granted
@@ -171,15 +171,9 @@ func (e *entry[K]) grant(size int64, gen *uint64, now time.Time, infos *infoFree
 			r.now = now
 			w.Value.token = e.addHolder(&r, gen, infos.get(), idx)
 		}
-		w.Value.next = nil
-		if last == nil {
-			decided = w
-		} else {
-			last.Value.next = w
-		}
-		last = w
+		list.add(w)
 	}
-	return decided
+	return list.first
 }
 
 // release drops the holder with token and returns it; ok is false if no
@@ -213,18 +207,27 @@ func (e *entry[K]) release(token uint64, idx map[owner.ID]int32) (h holder, ok b
 // closeWaiters decides every waiter closed and returns them, linked
 // through next.
 func (e *entry[K]) closeWaiters() (decided *waiter) {
-	var last *waiter
+	var list decidedList
 	for w := e.waiters.PopFront(); w != nil; w = e.waiters.PopFront() {
 		w.Value.outcome = closedOut
-		w.Value.next = nil
-		if last == nil {
-			decided = w
-		} else {
-			last.Value.next = w
-		}
-		last = w
+		list.add(w)
 	}
-	return decided
+	return list.first
+}
+
+// decidedList is a list of decided waiters linked through their next, in
+// the order they were decided.
+type decidedList struct{ first, last *waiter }
+
+// add appends w.
+func (l *decidedList) add(w *waiter) {
+	w.Value.next = nil
+	if l.last == nil {
+		l.first = w
+	} else {
+		l.last.Value.next = w
+	}
+	l.last = w
 }
 
 // idle reports whether e has neither holder nor waiter: its key is no

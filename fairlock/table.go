@@ -602,7 +602,7 @@ func (t *table[K]) Len() int { return t.stats().Keys }
 // wakes them, and releases the table's registrations.
 func (t *table[K]) closeShards() {
 	t.draining.Store(1) // Close's own count, dropped after the walk
-	var all, last *waiter
+	var all decidedList
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.lock()
@@ -613,13 +613,10 @@ func (t *table[K]) closeShards() {
 				e.tracked = false
 				t.detector.settle(e.key, 0, decided, false)
 			}
-			for w := decided; w != nil; w = w.Value.next {
-				if all == nil {
-					all = w
-				} else {
-					last.Value.next = w
-				}
-				last = w
+			for w := decided; w != nil; {
+				next := w.Value.next // add clears it
+				all.add(w)
+				w = next
 			}
 		}
 		s.waiting = 0
@@ -628,7 +625,7 @@ func (t *table[K]) closeShards() {
 		}
 		s.unlock()
 	}
-	signal(all)
+	signal(all.first)
 	t.closer.release()
 	t.shardDrained() // Close's own count
 }
