@@ -79,6 +79,7 @@ type detector[K comparable] struct {
 	holders map[K]map[owner.ID]int32 // guarded by mu: the holders of each awaited key
 	waits   map[owner.ID]map[K]int   // guarded by mu: keys each owner waits for, with counts
 	peak    int                      // guarded by mu: most entries in holders or waits since made
+	shrunk  bool                     // guarded by mu: the maps were made anew from larger ones
 	refused atomic.Int64             // waits refused
 }
 
@@ -259,21 +260,27 @@ func (d *detector[K]) dropWait(key K, o owner.ID) {
 }
 
 // shrink makes the maps anew once they hold an eighth of a peak large
-// enough to matter, so that the memory a peak of waiters took is given
-// back (Go maps never shrink). d.mu is held.
+// enough to matter, and once they empty after such a peak, so that the
+// memory a peak of waiters took is given back (Go maps never shrink; a map
+// made anew at an eighth keeps an eighth's memory until it empties too).
+// d.mu is held.
 func (d *detector[K]) shrink() {
-	if d.peak <= shrinkAt || max(len(d.holders), len(d.waits)) >= d.peak/8 {
-		return
+	n := max(len(d.holders), len(d.waits))
+	switch {
+	case n == 0 && (d.peak > shrinkAt || d.shrunk):
+		d.holders, d.waits = make(map[K]map[owner.ID]int32), make(map[owner.ID]map[K]int)
+		d.peak, d.shrunk = 0, false
+	case d.peak > shrinkAt && n < d.peak/8:
+		holders := make(map[K]map[owner.ID]int32, len(d.holders))
+		for k, hs := range d.holders {
+			holders[k] = hs
+		}
+		waits := make(map[owner.ID]map[K]int, len(d.waits))
+		for o, ks := range d.waits {
+			waits[o] = ks
+		}
+		d.holders, d.waits, d.peak, d.shrunk = holders, waits, max(len(holders), len(waits)), true
 	}
-	holders := make(map[K]map[owner.ID]int32, len(d.holders))
-	for k, hs := range d.holders {
-		holders[k] = hs
-	}
-	waits := make(map[owner.ID]map[K]int, len(d.waits))
-	for o, ks := range d.waits {
-		waits[o] = ks
-	}
-	d.holders, d.waits, d.peak = holders, waits, max(len(holders), len(waits))
 }
 
 // refuseDeadlock logs and returns the error for a refused cycle.

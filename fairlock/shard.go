@@ -35,6 +35,7 @@ type shard[K comparable] struct {
 	t      *table[K]
 	fast   bool   // the table takes the fast path: no debug or observer
 	closed bool   // guarded by mu: Close has run over this shard
+	shrunk bool   // guarded by mu: overflow was made anew from a larger map
 	idx    uint32 // the shard's index in t.shards
 	mu     sync.Mutex
 
@@ -284,19 +285,23 @@ func (s *shard[K]) remove(e *entry[K]) {
 }
 
 // shrinkOverflow makes the overflow map anew once it holds an eighth of a
-// peak large enough to matter, or drops it once empty: Go maps never
-// shrink, and one key held long must not keep a peak's map. s.mu is held.
+// peak large enough to matter, and drops it once it empties if it ever
+// held such a peak: Go maps never shrink, and neither one key held long nor
+// the last keys of a burst may keep a burst's memory. A map that only ever
+// held a few keys is kept when it empties, so that a shard whose keys spill
+// over now and then does not make a map each time. s.mu is held.
 func (s *shard[K]) shrinkOverflow() {
 	switch {
-	case s.peak <= shrinkAt:
 	case len(s.overflow) == 0:
-		s.overflow, s.peak = nil, 0
-	case len(s.overflow) < s.peak/8:
+		if s.peak > shrinkAt || s.shrunk {
+			s.overflow, s.peak, s.shrunk = nil, 0, false
+		}
+	case s.peak > shrinkAt && len(s.overflow) < s.peak/8:
 		m := make(map[K]*entry[K], len(s.overflow))
 		for k, e := range s.overflow {
 			m[k] = e
 		}
-		s.overflow, s.peak = m, len(m)
+		s.overflow, s.peak, s.shrunk = m, len(m), true
 	}
 }
 
