@@ -453,3 +453,75 @@ func TestOverflowMapShrinksAroundAHeldKey(t *testing.T) {
 		t.Fatalf("an idle shard keeps the overflow map made anew for %d keys", peak)
 	}
 }
+
+// TestCrowdOfReadersGivesMemoryBack: a key read by a crowd and then held by
+// few keeps neither the crowd's holders slice nor its owner index, and a
+// shard whose keys were read by many keeps no map of owner indexes once
+// they are gone (Lifecycle: memory does not stay at a peak).
+func TestCrowdOfReadersGivesMemoryBack(t *testing.T) {
+	const crowd, stay = 2000, 10
+	l := New[string](WithShards(1))
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	guards := make([]Guard[string], crowd)
+	defer func() { // on failure, before Close: Unlock is idempotent
+		for _, g := range guards {
+			g.Unlock()
+		}
+	}()
+	for i := range guards {
+		g, err := l.RLock(owner.NewContext(ctx), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		guards[i] = g
+	}
+	s, tag := l.t.shardOf("k")
+	holders := func() (n, capacity int, indexes int) {
+		s.lock()
+		defer s.unlock()
+		e := s.find("k", tag)
+		return e.holding(), cap(e.holders), len(s.owners)
+	}
+	if _, _, idx := holders(); idx != 1 {
+		t.Fatalf("%d readers: %d owner indexes, want 1", crowd, idx)
+	}
+	for _, g := range guards[stay:] {
+		g.Unlock()
+	}
+	if n, c, _ := holders(); n != stay || c > crowd/8 {
+		t.Fatalf("%d of %d readers left: %d holders in a slice of capacity %d", stay, crowd, n, c)
+	}
+	// A writer queues behind the last readers and is granted once they go:
+	// the key stays live throughout.
+	writer := make(chan Guard[string], 1)
+	go func() {
+		g, err := l.Lock(owner.NewContext(ctx), "k")
+		if err != nil {
+			t.Error(err)
+		}
+		writer <- g
+	}()
+	for l.Waiters("k") != 1 {
+		runtime.Gosched()
+	}
+	for _, g := range guards[:stay] {
+		g.Unlock()
+	}
+	w := <-writer
+	defer w.Unlock()
+	n, c, idx := holders()
+	if n != 1 || c > maxKeptHolders || idx != 0 {
+		t.Fatalf("the writer after a crowd: %d holders, slice capacity %d, %d owner indexes", n, c, idx)
+	}
+	s.lock()
+	kept := s.owners != nil
+	s.unlock()
+	if kept {
+		t.Fatal("the shard keeps its map of owner indexes with no index in it")
+	}
+	w.Unlock()
+	if l.Len() != 0 {
+		t.Fatalf("Len = %d when idle", l.Len())
+	}
+}

@@ -194,12 +194,17 @@ func (e *entry[K]) release(token uint64, idx map[owner.ID]int32) (h holder, ok b
 	e.holders[i] = holder{token: h.token} // a tombstone keeps the order searchable
 	e.dead++
 	switch {
+	case e.holding() == 0 && cap(e.holders) > maxKeptHolders:
+		e.holders, e.dead = nil, 0 // a crowd of readers gone: its slice too
 	case e.holding() == 0:
 		clear(e.holders)
 		e.holders, e.dead = e.holders[:0], 0
 	case int(e.dead) > len(e.holders)/2 || e.dead == math.MaxUint16:
 		e.holders = slices.DeleteFunc(e.holders, func(h holder) bool { return h.owner == 0 })
 		e.dead = 0
+		if cap(e.holders) > maxKeptHolders && len(e.holders) < cap(e.holders)/8 {
+			e.holders = slices.Clone(e.holders) // a key that stays busy gives a crowd's slice back
+		}
 	}
 	return h, true
 }

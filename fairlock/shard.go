@@ -263,7 +263,7 @@ func (s *shard[K]) remove(e *entry[K]) {
 		s.t.markLive(s.idx, false)
 	}
 	if e.indexed {
-		delete(s.owners, e)
+		s.dropIndex(e)
 	}
 	if e.slot >= 0 {
 		s.tags[e.slot], s.slots[e.slot] = 0, nil
@@ -340,8 +340,18 @@ func (s *shard[K]) ownerIndex(e *entry[K]) map[owner.ID]int32 {
 // s.mu is held.
 func (s *shard[K]) dropIndexIfFew(e *entry[K]) {
 	if e.indexed && e.holding() < indexAt/4 {
-		delete(s.owners, e)
-		e.indexed = false
+		s.dropIndex(e)
+	}
+}
+
+// dropIndex drops e's owner index, and the map of indexes once it is
+// empty: it only shrinks by deletion, and a burst of keys read by many
+// must not leave it at its peak. s.mu is held.
+func (s *shard[K]) dropIndex(e *entry[K]) {
+	delete(s.owners, e)
+	e.indexed = false
+	if len(s.owners) == 0 {
+		s.owners = nil
 	}
 }
 
