@@ -5,12 +5,14 @@ package fairlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
+	"github.com/google/go-cmp/cmp"
 )
 
 // flowCall is one call made by its own flow in its own goroutine.
@@ -604,6 +606,74 @@ func TestSemaphoreKnotRefused(t *testing.T) {
 	bCancel()
 	for _, c := range []flowCall{aWaits, bWaits} {
 		if err := recv(t, c.done).err; !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSemaphoreKnotBehind: a Semaphore lets a wait in while a holder that
+// can finish may still give units back; if that holder then releases and
+// leaves a knot, a flow that holds nothing and would wait behind it is
+// refused (its wait could never end), and the error names the path into
+// the knot and the knot's cycle, not a cycle through the refused flow.
+//
+//	A holds k(1)          and waits for j(1)   j is full: C 2
+//	C holds j(2)          and waits for k(2)   k: A 1 (B's unit released)
+//	D holds nothing       and asks for k(1)    queued behind C for good
+func TestSemaphoreKnotBehind(t *testing.T) {
+	s := fairlock.NewSemaphore[string](2, fairlock.WithDeadlockDetection(), fairlock.WithShards(1), quiet())
+	defer s.Close(context.Background())
+	ctx := context.Background()
+	a, b, c, d := owner.NewContext(ctx), owner.NewContext(ctx), owner.NewContext(ctx), owner.NewContext(ctx)
+	var held []fairlock.Guard[string]
+	defer func() {
+		for _, g := range held {
+			g.Unlock()
+		}
+	}()
+	take := func(ctx context.Context, key string, w int64) fairlock.Guard[string] {
+		t.Helper()
+		g, err := s.Acquire(ctx, key, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, g)
+		return g
+	}
+	take(a, "k", 1)
+	gb := take(b, "k", 1)
+	take(c, "j", 2)
+	cCtx, cCancel := context.WithCancel(c)
+	aCtx, aCancel := context.WithCancel(a)
+	cWaits := queue(t, func() int { return s.Waiters("k") }, 1, func(context.Context) (fairlock.Guard[string], error) { return s.Acquire(cCtx, "k", 2) })
+	// B can finish and give k back to C, so A's wait is let in.
+	aWaits := queue(t, func() int { return s.Waiters("j") }, 1, func(context.Context) (fairlock.Guard[string], error) { return s.Acquire(aCtx, "j", 1) })
+	gb.Unlock()
+
+	dCtx, dCancel := context.WithTimeout(d, time.Minute) // fail, not hang, if it is missed
+	defer dCancel()
+	_, err := s.Acquire(dCtx, "k", 1)
+	var de *fairlock.DeadlockError
+	if !errors.Is(err, fairlock.ErrDeadlock) || !errors.As(err, &de) {
+		t.Fatalf("D would wait behind a knot for good: %v, want ErrDeadlock", err)
+	}
+	want := []fairlock.WaitEdge{
+		{Owner: owner.Of(d), Key: "k"},
+		{Owner: owner.Of(a), Key: "j"},
+		{Owner: owner.Of(c), Key: "k"},
+	}
+	if diff := cmp.Diff(want, de.Cycle); diff != "" {
+		t.Errorf("Cycle (-want +got):\n%s", diff)
+	}
+	wantText := fmt.Sprintf(`fairlock: deadlock: %v waits for "k" held by %v, %v waits for "j" held by %v, %v waits for "k" held by %v`,
+		owner.Of(d), owner.Of(a), owner.Of(a), owner.Of(c), owner.Of(c), owner.Of(a))
+	if got := de.Error(); got != wantText {
+		t.Errorf("Error() = %s\nwant      %s", got, wantText)
+	}
+	cCancel()
+	aCancel()
+	for _, w := range []flowCall{cWaits, aWaits} {
+		if err := recv(t, w.done).err; !errors.Is(err, context.Canceled) {
 			t.Fatal(err)
 		}
 	}

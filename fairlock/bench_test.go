@@ -2,6 +2,10 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -270,6 +274,74 @@ func BenchmarkManyReaders(b *testing.B) {
 					guards[i].Unlock()
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkDeadlockCheck: key 0 is held shared by flows 0 and X. Flows 0
+// to n-2 each hold key i and wait for key i+1; flow n-1 holds key n-1 and
+// waits for nothing, so the chain can finish, last flow first. X waits for
+// key n, held by the requester, whose Lock of key 0 would close the cycle
+// requester → X → requester. One op is that refused Lock: one check of
+// the wait-for graph, which visits the whole chain and should cost time
+// in proportion to n (a linear reduction, not one sweep per flow that
+// finishes). Logging is disabled.
+func BenchmarkDeadlockCheck(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run("chain="+strconv.Itoa(n), func(b *testing.B) {
+			quiet := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))
+			l := fairlock.New[int](fairlock.WithDeadlockDetection(), fairlock.WithLogger(quiet))
+			bg := context.Background()
+			requester := owner.NewContext(bg)
+			ctx, cancel := context.WithCancel(bg)
+			x := owner.NewContext(ctx)
+			var held []fairlock.Guard[int]
+			take := func(g fairlock.Guard[int], err error) {
+				if err != nil {
+					b.Fatal(err)
+				}
+				held = append(held, g)
+			}
+			take(l.Lock(requester, n))
+			take(l.RLock(x, 0))
+			flows := make([]context.Context, n)
+			for i := range flows {
+				flows[i] = owner.NewContext(ctx)
+				if i == 0 {
+					take(l.RLock(flows[i], i))
+				} else {
+					take(l.Lock(flows[i], i))
+				}
+			}
+			var wg sync.WaitGroup
+			wait := func(flow context.Context, key int) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l.Lock(flow, key) // ends with the cancel below
+				}()
+				for l.Waiters(key) != 1 {
+					runtime.Gosched()
+				}
+			}
+			for i, flow := range flows[:n-1] {
+				wait(flow, i+1)
+			}
+			wait(x, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := l.Lock(requester, 0); !errors.Is(err, fairlock.ErrDeadlock) {
+					b.Fatalf("Lock closing a cycle beside a chain of %d: %v", n, err)
+				}
+			}
+			b.StopTimer()
+			cancel()
+			wg.Wait()
+			for _, g := range held {
+				g.Unlock()
+			}
+			l.Close(bg)
 		})
 	}
 }

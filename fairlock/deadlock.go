@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"iter"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,8 +17,16 @@ type DeadlockError struct {
 	// Cycle lists the wait-for edges in order, starting with the refused
 	// call: Cycle[i].Owner waits for Cycle[i].Key, which is held by
 	// Cycle[i+1].Owner; the last edge's key is held by Cycle[0].Owner.
+	//
+	// A Semaphore's check lets in waits that may still be served (a holder
+	// that can finish may give units back); if releases later leave such
+	// waits in a knot, a call that would wait behind it is refused too,
+	// though it is on no cycle. Cycle then runs from the refused call into
+	// the knot and around it: the last edge's key is held by the Owner of
+	// an earlier edge, the one where the cycle begins.
 	Cycle []WaitEdge
 
+	loop   int              // the edge whose Owner holds the last edge's key
 	render func(any) string // the Locker's key renderer; nil: renderKey
 }
 
@@ -40,7 +49,11 @@ func (e *DeadlockError) Error() string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		holder := e.Cycle[(i+1)%len(e.Cycle)].Owner
+		next := i + 1
+		if next == len(e.Cycle) {
+			next = e.loop
+		}
+		holder := e.Cycle[next].Owner
 		b.WriteString(edge.Owner.String() + " waits for " + render(edge.Key) + " held by " + holder.String())
 	}
 	return b.String()
@@ -90,11 +103,11 @@ func newDetector[K comparable](orWaits bool) *detector[K] {
 }
 
 // wait records that requester is about to wait for key, unless its wait
-// could never end; then it leaves the graph as it was and returns a cycle
-// through the requester. track says the key is not in the graph yet (it
+// could never end; then it leaves the graph as it was and returns the
+// error that says why (see deadlock). track says the key is not in the graph yet (it
 // gets its first waiter): its holders are copied in. The caller holds
 // key's shard mutex.
-func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bool) []WaitEdge {
+func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bool) *DeadlockError {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if track {
@@ -106,12 +119,12 @@ func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bo
 		}
 		d.holders[key] = hs
 	}
-	if cycle := d.deadlock(key, requester); cycle != nil {
+	if refused := d.deadlock(key, requester); refused != nil {
 		d.refused.Add(1)
 		if track {
 			delete(d.holders, key)
 		}
-		return cycle
+		return refused
 	}
 	ks := d.waits[requester]
 	if ks == nil {
@@ -123,82 +136,202 @@ func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bo
 	return nil
 }
 
-// deadlock reports a cycle through requester if, once it waits for key
-// too, it can never finish; nil if it can. d.mu is held.
-func (d *detector[K]) deadlock(key K, requester owner.ID) []WaitEdge {
-	// The owners reachable from key, through the keys they wait for.
-	reach := map[owner.ID]bool{}
-	var stack []owner.ID
-	push := func(k K) {
-		for h := range d.holders[k] {
-			if h != requester && !reach[h] {
-				reach[h] = true
-				stack = append(stack, h)
+// deadlock reports why requester, once it waits for key too, could never
+// finish: a cycle through it, or, if none (a Semaphore's knot that
+// releases formed after its waits were let in), the path from it into a
+// cycle. It returns nil if requester can finish. d.mu is held.
+//
+// The reduction runs on a worklist, so its cost is linear in the owners
+// and edges reachable from key: an owner is queued once every key it waits
+// for can be granted, and a key's grant is decided by counting its holders
+// that cannot finish yet (AND) or by the first that can (OR).
+func (d *detector[K]) deadlock(key K, requester owner.ID) *DeadlockError {
+	r := reduction[K]{d: d, requester: requester, owners: map[owner.ID]int32{}, keys: map[K]int32{}}
+	// The owners reachable from requester through the keys they wait
+	// for; an owner outside them waits for nothing here and can finish.
+	r.owner(requester)
+	for i := 0; i < len(r.nodes); i++ {
+		o := r.nodes[i].id
+		for k := range r.waitsOf(o, key) {
+			for h := range d.holders[k] {
+				r.owner(h)
 			}
 		}
 	}
-	push(key)
-	for len(stack) > 0 {
-		o := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		for k := range d.waits[o] {
-			push(k)
-		}
-	}
-	// Reduce: mark every owner that can finish, until nothing changes.
-	fin := map[owner.ID]bool{}
-	canFinish := func(o owner.ID) bool {
-		if o == requester || reach[o] {
-			return fin[o]
-		}
-		return true // waits for nothing here
-	}
-	granted := func(k K) bool {
-		hs := d.holders[k]
-		for h := range hs {
-			if canFinish(h) == d.orWaits {
-				return d.orWaits // OR: one that can finish is enough; AND: one that cannot blocks
+	// Each key waited for in that part of the graph: who waits for it,
+	// and whether it can be granted before any of them finishes.
+	var ready []int32
+	for i := range r.nodes {
+		for k := range r.waitsOf(r.nodes[i].id, key) {
+			ki := r.keyWait(k)
+			r.keyNodes[ki].waiters = r.link(int32(i), r.keyNodes[ki].waiters)
+			if !r.keyNodes[ki].granted {
+				r.nodes[i].blocked++
 			}
 		}
-		return !d.orWaits || len(hs) == 0
-	}
-	finishes := func(o owner.ID) bool {
-		for k := range d.waits[o] {
-			if !granted(k) {
-				return false
-			}
-		}
-		return o != requester || granted(key)
-	}
-	for changed := true; changed; {
-		changed = false
-		for o := range reach {
-			if !fin[o] && finishes(o) {
-				fin[o], changed = true, true
-			}
-		}
-		if !fin[requester] && finishes(requester) {
-			fin[requester], changed = true, true
+		if r.nodes[i].blocked == 0 {
+			ready = append(ready, int32(i))
 		}
 	}
-	if fin[requester] {
-		return nil
-	}
-	// Report a cycle: from key, through holders that cannot finish, back
-	// to the requester.
-	path := []WaitEdge{{Owner: requester, Key: key}}
-	seen := map[owner.ID]bool{}
-	var find func(k K) bool
-	find = func(k K) bool {
-		if d.holders[k][requester] > 0 {
-			return true
+	// Reduce: an owner that can finish releases what it holds.
+	for len(ready) > 0 {
+		o := ready[len(ready)-1]
+		ready = ready[:len(ready)-1]
+		if o == 0 { // the requester
+			return nil
 		}
-		for h := range d.holders[k] {
-			if canFinish(h) || seen[h] {
+		for l := r.nodes[o].holds; l >= 0; l = r.links[l].next {
+			kn := &r.keyNodes[r.links[l].to]
+			if kn.granted {
 				continue
 			}
-			seen[h] = true
-			for k2 := range d.waits[h] {
+			if kn.pending--; kn.pending > 0 && !d.orWaits {
+				continue // AND: other holders cannot finish yet
+			}
+			kn.granted = true
+			for w := kn.waiters; w >= 0; w = r.links[w].next {
+				wn := &r.nodes[r.links[w].to]
+				if wn.blocked--; wn.blocked == 0 {
+					ready = append(ready, r.links[w].to)
+				}
+			}
+		}
+	}
+	return r.report(key)
+}
+
+// reduction is the state of one deadlock check: the owners reachable from
+// the requester (nodes, the requester first) and the keys they wait for
+// (keyNodes), with the edges between them as lists threaded through links.
+type reduction[K comparable] struct {
+	d         *detector[K]
+	requester owner.ID
+	owners    map[owner.ID]int32 // index in nodes
+	nodes     []ownerNode
+	keys      map[K]int32 // index in keyNodes
+	keyNodes  []keyNode
+	links     []link
+}
+
+// ownerNode is one reachable owner in a reduction.
+type ownerNode struct {
+	id owner.ID
+	// blocked counts the keys the owner waits for that cannot be granted
+	// yet; it reaches 0 when the owner can finish.
+	blocked int32
+	holds   int32 // list of the awaited keys it holds (keyNodes indexes); -1: none
+}
+
+// keyNode is one awaited key in a reduction.
+type keyNode struct {
+	granted bool  // the key can be granted: its waiters need not wait for it
+	pending int32 // holders among the reachable owners that have not finished
+	waiters int32 // list of the reachable owners that wait for it (nodes indexes); -1: none
+}
+
+// link is one element of a list in a reduction's links.
+type link struct{ to, next int32 }
+
+// link prepends to to the list at head and returns the new head.
+func (r *reduction[K]) link(to, head int32) int32 {
+	r.links = append(r.links, link{to: to, next: head})
+	return int32(len(r.links) - 1)
+}
+
+// owner adds o to the reachable owners, once.
+func (r *reduction[K]) owner(o owner.ID) {
+	if _, ok := r.owners[o]; !ok {
+		r.owners[o] = int32(len(r.nodes))
+		r.nodes = append(r.nodes, ownerNode{id: o, holds: -1})
+	}
+}
+
+// waitsOf yields the keys o waits for, with key for the requester.
+func (r *reduction[K]) waitsOf(o owner.ID, key K) iter.Seq[K] {
+	return func(yield func(K) bool) {
+		ks := r.d.waits[o]
+		if o == r.requester && ks[key] == 0 && !yield(key) {
+			return
+		}
+		for k := range ks {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// keyWait returns k's index in keyNodes, counting its holders on first
+// use. A key with no holder, or (OR) with a holder outside the reachable
+// owners, is granted from the start.
+func (r *reduction[K]) keyWait(k K) int32 {
+	if ki, ok := r.keys[k]; ok {
+		return ki
+	}
+	ki := int32(len(r.keyNodes))
+	kn := keyNode{waiters: -1}
+	hs := r.d.holders[k]
+	for h := range hs {
+		if oi, reachable := r.owners[h]; reachable {
+			kn.pending++
+			r.nodes[oi].holds = r.link(ki, r.nodes[oi].holds)
+		}
+	}
+	if r.d.orWaits {
+		kn.granted = len(hs) == 0 || int(kn.pending) < len(hs)
+	} else {
+		kn.granted = kn.pending == 0
+	}
+	r.keys[k] = ki
+	r.keyNodes = append(r.keyNodes, kn)
+	return ki
+}
+
+// stuck reports whether k cannot be granted; holder reports whether o
+// holds k and cannot finish. Both after the reduction.
+func (r *reduction[K]) stuck(k K) bool {
+	ki, ok := r.keys[k]
+	return ok && !r.keyNodes[ki].granted
+}
+func (r *reduction[K]) holder(o owner.ID, k K) bool {
+	oi, ok := r.owners[o]
+	return ok && r.nodes[oi].blocked > 0 && r.d.holders[k][o] > 0
+}
+
+// report returns the edges that keep the requester from finishing, after
+// a reduction that did not finish it. It looks first for a cycle through
+// the requester along keys that cannot be granted; failing that, it
+// follows such keys from the requester until an owner repeats, which
+// yields the path into the knot and the knot's cycle.
+func (r *reduction[K]) report(key K) *DeadlockError {
+	if !r.stuck(key) { // another wait of the requester's owner is stuck
+		for k := range r.d.waits[r.requester] {
+			if r.stuck(k) {
+				key = k
+				break
+			}
+		}
+	}
+	path := []WaitEdge{{Owner: r.requester, Key: key}}
+	seenOwner, seenKey := map[owner.ID]bool{}, map[K]bool{}
+	var find func(k K) bool
+	find = func(k K) bool {
+		if r.holder(r.requester, k) {
+			return true
+		}
+		if seenKey[k] {
+			return false
+		}
+		seenKey[k] = true
+		for h := range r.d.holders[k] {
+			if seenOwner[h] || !r.holder(h, k) {
+				continue
+			}
+			seenOwner[h] = true
+			for k2 := range r.d.waits[h] {
+				if !r.stuck(k2) {
+					continue
+				}
 				path = append(path, WaitEdge{Owner: h, Key: k2})
 				if find(k2) {
 					return true
@@ -208,8 +341,33 @@ func (d *detector[K]) deadlock(key K, requester owner.ID) []WaitEdge {
 		}
 		return false
 	}
-	find(key)
-	return path
+	if find(key) {
+		return &DeadlockError{Cycle: path}
+	}
+	// A knot the requester is not part of. Every stuck key has a holder
+	// that cannot finish, and every such owner waits for a stuck key, so
+	// the walk ends on an owner it has passed.
+	at := map[owner.ID]int{r.requester: 0}
+	for k := key; ; {
+		var next owner.ID
+		for h := range r.d.holders[k] {
+			if r.holder(h, k) {
+				next = h
+				break
+			}
+		}
+		if i, ok := at[next]; ok || next == 0 {
+			return &DeadlockError{Cycle: path, loop: i}
+		}
+		at[next] = len(path)
+		for k2 := range r.d.waits[next] {
+			if r.stuck(k2) {
+				k = k2
+				break
+			}
+		}
+		path = append(path, WaitEdge{Owner: next, Key: k})
+	}
 }
 
 // stopWaiting removes one wait of o for key: o left the queue without a
@@ -284,8 +442,8 @@ func (d *detector[K]) shrink() {
 }
 
 // refuseDeadlock logs and returns the error for a refused cycle.
-func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, cycle []WaitEdge) (Guard[K], error) {
-	derr := &DeadlockError{Cycle: cycle, render: t.renderAny}
+func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, derr *DeadlockError) (Guard[K], error) {
+	derr.render = t.renderAny
 	t.logger.Warn("fairlock: deadlock refused", "locker", t.name, "key", t.keyText(key), "owner", id.String(), "cycle", derr.Error())
 	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")
 }

@@ -284,9 +284,9 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 			return t.granted(s, key, token, 0, !r.turn), nil
 		}
 		if t.detector != nil {
-			if cycle := t.detector.wait(key, e.holders, r.owner, !e.tracked); cycle != nil {
+			if refused := t.detector.wait(key, e.holders, r.owner, !e.tracked); refused != nil {
 				s.unlock()
-				return t.refuseDeadlock(ctx, op, key, r.owner, cycle)
+				return t.refuseDeadlock(ctx, op, key, r.owner, refused)
 			}
 			e.tracked = true
 		}
