@@ -81,8 +81,9 @@ func (e *DeadlockError) Unwrap() error { return ErrDeadlock }
 // once any can give units back (an OR wait, in Knapp's terms: "Deadlock
 // detection in distributed databases", ACM Computing Surveys, 1987); an
 // owner can finish once every key it waits for can be granted. The
-// requester is refused if, with its new wait, it cannot finish. Only the
-// owners reachable from the key take part. For a Locker this finds every
+// requester is refused if, with its new wait (its owner then waits for the
+// key too), the key can never be granted. Only the owners reachable from
+// the requester take part. For a Locker this finds every
 // cycle; for a Semaphore it refuses only waits no release could end, and
 // it may let one wait where the releases that remain could not free
 // enough units.
@@ -136,15 +137,17 @@ func (d *detector[K]) wait(key K, holders []holder, requester owner.ID, track bo
 	return nil
 }
 
-// deadlock reports why requester, once it waits for key too, could never
-// finish: a cycle through it, or, if none (a Semaphore's knot that
-// releases formed after its waits were let in), the path from it into a
-// cycle. It returns nil if requester can finish. d.mu is held.
+// deadlock reports why key could never be granted to requester once it
+// waits for it: a cycle through requester, or, if none (a Semaphore's
+// knot that releases formed after its waits were let in), the path from
+// requester into a cycle. It returns nil if key can be granted, also when
+// requester's owner is stuck in another wait (several goroutines of one
+// flow): this call's wait can still end. d.mu is held.
 //
 // The reduction runs on a worklist, so its cost is linear in the owners
-// and edges reachable from key: an owner is queued once every key it waits
-// for can be granted, and a key's grant is decided by counting its holders
-// that cannot finish yet (AND) or by the first that can (OR).
+// and edges reachable from requester: an owner is queued once every key it
+// waits for can be granted, and a key's grant is decided by counting its
+// holders that cannot finish yet (AND) or by the first that can (OR).
 func (d *detector[K]) deadlock(key K, requester owner.ID) *DeadlockError {
 	r := reduction[K]{d: d, requester: requester, owners: map[owner.ID]int32{}, keys: map[K]int32{}}
 	// The owners reachable from requester through the keys they wait
@@ -196,6 +199,9 @@ func (d *detector[K]) deadlock(key K, requester owner.ID) *DeadlockError {
 				}
 			}
 		}
+	}
+	if !r.stuck(key) {
+		return nil
 	}
 	return r.report(key)
 }
@@ -262,8 +268,8 @@ func (r *reduction[K]) waitsOf(o owner.ID, key K) iter.Seq[K] {
 }
 
 // keyWait returns k's index in keyNodes, counting its holders on first
-// use. A key with no holder, or (OR) with a holder outside the reachable
-// owners, is granted from the start.
+// use. Every holder of a key a reachable owner waits for is reachable, so
+// only a key with no holder is granted from the start.
 func (r *reduction[K]) keyWait(k K) int32 {
 	if ki, ok := r.keys[k]; ok {
 		return ki
@@ -277,11 +283,7 @@ func (r *reduction[K]) keyWait(k K) int32 {
 			r.nodes[oi].holds = r.link(ki, r.nodes[oi].holds)
 		}
 	}
-	if r.d.orWaits {
-		kn.granted = len(hs) == 0 || int(kn.pending) < len(hs)
-	} else {
-		kn.granted = kn.pending == 0
-	}
+	kn.granted = kn.pending == 0
 	r.keys[k] = ki
 	r.keyNodes = append(r.keyNodes, kn)
 	return ki
@@ -298,20 +300,12 @@ func (r *reduction[K]) holder(o owner.ID, k K) bool {
 	return ok && r.nodes[oi].blocked > 0 && r.d.holders[k][o] > 0
 }
 
-// report returns the edges that keep the requester from finishing, after
-// a reduction that did not finish it. It looks first for a cycle through
-// the requester along keys that cannot be granted; failing that, it
-// follows such keys from the requester until an owner repeats, which
-// yields the path into the knot and the knot's cycle.
+// report returns the edges that keep key from being granted to the
+// requester, after a reduction that left key stuck. It looks first for a
+// cycle through the requester along keys that cannot be granted; failing
+// that, it follows such keys from the requester until an owner repeats,
+// which yields the path into the knot and the knot's cycle.
 func (r *reduction[K]) report(key K) *DeadlockError {
-	if !r.stuck(key) { // another wait of the requester's owner is stuck
-		for k := range r.d.waits[r.requester] {
-			if r.stuck(k) {
-				key = k
-				break
-			}
-		}
-	}
 	path := []WaitEdge{{Owner: r.requester, Key: key}}
 	seenOwner, seenKey := map[owner.ID]bool{}, map[K]bool{}
 	var find func(k K) bool
@@ -356,7 +350,7 @@ func (r *reduction[K]) report(key K) *DeadlockError {
 				break
 			}
 		}
-		if i, ok := at[next]; ok || next == 0 {
+		if i, ok := at[next]; ok || next == 0 { // next == 0 cannot happen: see above
 			return &DeadlockError{Cycle: path, loop: i}
 		}
 		at[next] = len(path)
