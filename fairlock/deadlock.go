@@ -152,12 +152,12 @@ func (d *detector[K]) deadlock(key K, requester owner.ID) *DeadlockError {
 	r := reduction[K]{d: d, requester: requester, owners: map[owner.ID]int32{}, keys: map[K]int32{}}
 	// The owners reachable from requester through the keys they wait
 	// for; an owner outside them waits for nothing here and can finish.
-	r.owner(requester)
+	r.addOwner(requester)
 	for i := 0; i < len(r.nodes); i++ {
 		o := r.nodes[i].id
 		for k := range r.waitsOf(o, key) {
 			for h := range d.holders[k] {
-				r.owner(h)
+				r.addOwner(h)
 			}
 		}
 	}
@@ -244,8 +244,8 @@ func (r *reduction[K]) link(to, head int32) int32 {
 	return int32(len(r.links) - 1)
 }
 
-// owner adds o to the reachable owners, once.
-func (r *reduction[K]) owner(o owner.ID) {
+// addOwner adds o to the reachable owners, once.
+func (r *reduction[K]) addOwner(o owner.ID) {
 	if _, ok := r.owners[o]; !ok {
 		r.owners[o] = int32(len(r.nodes))
 		r.nodes = append(r.nodes, ownerNode{id: o, holds: -1})
