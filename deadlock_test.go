@@ -276,3 +276,70 @@ func TestDeadlockStress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ctxHandler is a slog.Handler at a fixed level that keeps each record's
+// context value under ctxKey.
+type ctxHandler struct {
+	level slog.Level
+	seen  *[]any
+}
+
+type ctxKey struct{}
+
+func (h ctxHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
+func (h ctxHandler) Handle(ctx context.Context, _ slog.Record) error {
+	*h.seen = append(*h.seen, ctx.Value(ctxKey{}))
+	return nil
+}
+func (h ctxHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h ctxHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestRefusalLogIsLazyAndCarriesContext: a refused cycle renders no key
+// for a logger that drops warnings (rendering may run the user's
+// formatter), and a logger that takes them gets the caller's context.
+func TestRefusalLogIsLazyAndCarriesContext(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelError, slog.LevelWarn} {
+		var seen []any
+		formatted := 0
+		l := fairlock.New[int](fairlock.WithDeadlockDetection(),
+			fairlock.WithLogger(slog.New(ctxHandler{level, &seen})),
+			fairlock.WithKeyFormatter(func(k int) string { formatted++; return fmt.Sprint("account-", k) }))
+		fs := newFlows(2)
+		a, _ := l.Lock(fs[0].ctx, 1)
+		b, _ := l.Lock(fs[1].ctx, 2)
+		type grant struct {
+			g   fairlock.Guard[int]
+			err error
+		}
+		done := make(chan grant, 1)
+		go func() { g, err := l.Lock(fs[0].ctx, 2); done <- grant{g, err} }()
+		waitWaiters(t, l, 2, 1)
+		_, err := l.Lock(context.WithValue(fs[1].ctx, ctxKey{}, "caller"), 1)
+		if !errors.Is(err, fairlock.ErrDeadlock) {
+			t.Fatalf("closing the cycle: %v", err)
+		}
+		switch level {
+		case slog.LevelError:
+			if formatted != 0 || len(seen) != 0 {
+				t.Errorf("logger at error level: %d keys formatted, %d records; want none", formatted, len(seen))
+			}
+		case slog.LevelWarn:
+			if diff := cmp.Diff([]any{"caller"}, seen); diff != "" {
+				t.Errorf("the record's context value (-want +got):\n%s", diff)
+			}
+		}
+		if !strings.Contains(err.Error(), "account-1") {
+			t.Errorf("the error %q does not render the key with the formatter", err)
+		}
+		b.Unlock()
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		r.g.Unlock()
+		a.Unlock()
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"iter"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -435,9 +436,13 @@ func (d *detector[K]) shrink() {
 	}
 }
 
-// refuseDeadlock logs and returns the error for a refused cycle.
+// refuseDeadlock logs and returns the error for a refused cycle. The log
+// record carries the caller's ctx (a handler may read a trace from it),
+// and the cycle is rendered only when the logger takes warnings.
 func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, derr *DeadlockError) (Guard[K], error) {
 	derr.render = t.renderAny
-	t.logger.Warn("fairlock: deadlock refused", "locker", t.name, "key", t.keyText(key), "owner", id.String(), "cycle", derr.Error())
+	if t.logger.Enabled(ctx, slog.LevelWarn) {
+		t.logger.WarnContext(ctx, "fairlock: deadlock refused", "locker", t.name, "key", t.keyText(key), "owner", id.String(), "cycle", derr.Error())
+	}
 	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")
 }

@@ -113,7 +113,10 @@ func WithLongHeld(d time.Duration) Option {
 }
 
 // WithLogger sets where warnings go: long-held locks, long waits and refused
-// deadlocks. A nil logger means slog.Default(), the default.
+// deadlocks. A nil logger means slog.Default(), the default. A refused
+// deadlock is logged with the refused call's context (WarnContext), and
+// only when the logger is enabled for warnings, so a formatter from
+// WithKeyFormatter is not run for a record nobody keeps.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithDeadlockDetection keeps a wait-for graph of owners (an owner waits
