@@ -492,6 +492,15 @@ func TestCrowdOfReadersGivesMemoryBack(t *testing.T) {
 	if n, c, _ := holders(); n != stay || c > crowd/8 {
 		t.Fatalf("%d of %d readers left: %d holders in a slice of capacity %d", stay, crowd, n, c)
 	}
+	s.lock()
+	ix := s.owners[s.find("k", tag)]
+	s.unlock()
+	if ix == nil {
+		t.Fatalf("%d of %d readers left: no owner index", stay, crowd)
+	}
+	if len(ix.counts) != stay || ix.peak > crowd/8 {
+		t.Fatalf("%d of %d readers left: an owner index of %d owners, made at a peak of %d; want one made anew", stay, crowd, len(ix.counts), ix.peak)
+	}
 	// A writer queues behind the last readers and is granted once they go:
 	// the key stays live throughout.
 	writer := make(chan Guard[string], 1)

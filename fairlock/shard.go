@@ -47,12 +47,12 @@ type shard[K comparable] struct {
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
 	// owners indexes the holders of entries with many (indexed set), so
 	// that the reentrancy check of one more reader does not scan them all.
-	owners   map[*entry[K]]map[owner.ID]int32 // guarded by mu
-	infos    infoFree                         // guarded by mu: recycled holdInfos (timed tables)
-	waiting  int                              // guarded by mu: waiters over all entries
-	gen      uint64                           // guarded by mu: last grant token handed out (in slow mode)
-	handOffs uint64                           // guarded by mu: grant passes that decided a waiter
-	parks    uint64                           // guarded by mu: waiters queued, for refreshing procs
+	owners   map[*entry[K]]*ownerIndex // guarded by mu
+	infos    infoFree                  // guarded by mu: recycled holdInfos (timed tables)
+	waiting  int                       // guarded by mu: waiters over all entries
+	gen      uint64                    // guarded by mu: last grant token handed out (in slow mode)
+	handOffs uint64                    // guarded by mu: grant passes that decided a waiter
+	parks    uint64                    // guarded by mu: waiters queued, for refreshing procs
 	_        [64]byte
 }
 
@@ -309,12 +309,18 @@ func (s *shard[K]) shrinkOverflow() {
 // an owner index instead of scanning; the index goes below indexAt/4.
 const indexAt = 32
 
+// ownerIndex counts the holds of each owner of an entry with many holders.
+type ownerIndex struct {
+	counts map[owner.ID]int32
+	peak   int // most owners seen in counts since it was made
+}
+
 // index returns e's owner index, or nil if it has none. s.mu is held.
 func (s *shard[K]) index(e *entry[K]) map[owner.ID]int32 {
 	if !e.indexed {
 		return nil
 	}
-	return s.owners[e]
+	return s.owners[e].counts
 }
 
 // ownerIndex returns e's owner index, building it if e has many holders,
@@ -323,24 +329,43 @@ func (s *shard[K]) ownerIndex(e *entry[K]) map[owner.ID]int32 {
 	if e.indexed || e.holding() < indexAt {
 		return s.index(e)
 	}
-	idx := make(map[owner.ID]int32, e.holding())
-	for _, h := range e.holders {
-		if h.owner != 0 {
-			idx[h.owner]++
-		}
-	}
 	if s.owners == nil {
-		s.owners = make(map[*entry[K]]map[owner.ID]int32)
+		s.owners = make(map[*entry[K]]*ownerIndex)
 	}
-	s.owners[e], e.indexed = idx, true
-	return idx
+	ix := &ownerIndex{counts: countOwners(e)}
+	ix.peak = len(ix.counts)
+	s.owners[e], e.indexed = ix, true
+	return ix.counts
 }
 
-// dropIndexIfFew drops e's owner index once its holders are few again.
-// s.mu is held.
+// countOwners returns a new map of the holds of each owner of e.
+func countOwners[K comparable](e *entry[K]) map[owner.ID]int32 {
+	counts := make(map[owner.ID]int32, e.holding())
+	for _, h := range e.holders {
+		if h.owner != 0 {
+			counts[h.owner]++
+		}
+	}
+	return counts
+}
+
+// dropIndexIfFew, after a release, drops e's owner index once its holders
+// are few again, and makes it anew once it counts an eighth of a peak
+// above shrinkAt owners (Go maps never shrink: a crowd that thins out but
+// does not leave would keep the crowd's memory). s.mu is held.
 func (s *shard[K]) dropIndexIfFew(e *entry[K]) {
-	if e.indexed && e.holding() < indexAt/4 {
+	if !e.indexed {
+		return
+	}
+	if e.holding() < indexAt/4 {
 		s.dropIndex(e)
+		return
+	}
+	ix := s.owners[e]
+	ix.peak = max(ix.peak, len(ix.counts))
+	if ix.peak > shrinkAt && len(ix.counts) < ix.peak/8 {
+		ix.counts = countOwners(e)
+		ix.peak = len(ix.counts)
 	}
 }
 
