@@ -76,6 +76,11 @@ func benchSetup(b *testing.B) (client *clientv3.Client, holders, waiters [2]mute
 	return client, holders, waiters
 }
 
+// bind returns m's lock of key as an etcdtest.LockFunc.
+func bind(m mutexLock, key string) etcdtest.LockFunc {
+	return func(ctx context.Context) (func(), error) { return m.lock(ctx, key) }
+}
+
 var implNames = [2]string{"etcdlock", "mutex"}
 var implPrefixes = [2]string{"/etcdlock/", "/mutex/"}
 
@@ -91,7 +96,7 @@ func BenchmarkHandOff(b *testing.B) {
 	var samples [2][]time.Duration
 	for b.Loop() {
 		for i := range 2 {
-			d, err := handOff(ctx, client, holders[i], waiters[i], implPrefixes[i], "k")
+			d, err := etcdtest.HandOff(ctx, client, bind(holders[i], "k"), bind(waiters[i], "k"), implPrefixes[i]+"k/")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -99,41 +104,6 @@ func BenchmarkHandOff(b *testing.B) {
 		}
 	}
 	reportQuantiles(b, samples, "handoff")
-}
-
-// handOff runs one hand-off and returns its duration.
-func handOff(ctx context.Context, client *clientv3.Client, holder, waiter mutexLock, prefix, key string) (time.Duration, error) {
-	unlock, err := holder.lock(ctx, key)
-	if err != nil {
-		return 0, err
-	}
-	type result struct {
-		unlock func()
-		at     time.Time
-		err    error
-	}
-	granted := make(chan result, 1)
-	go func() {
-		u, err := waiter.lock(ctx, key)
-		granted <- result{u, time.Now(), err}
-	}()
-	for { // until the waiter's key is in etcd
-		resp, err := client.Get(ctx, prefix+key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			return 0, err
-		}
-		if resp.Count == 2 {
-			break
-		}
-	}
-	start := time.Now()
-	unlock()
-	r := <-granted
-	if r.err != nil {
-		return 0, r.err
-	}
-	r.unlock()
-	return r.at.Sub(start), nil
 }
 
 // BenchmarkUncontended measures Lock+Unlock of a free key: etcdlock's and
@@ -167,8 +137,8 @@ func reportQuantiles(b *testing.B, samples [2][]time.Duration, what string) {
 		}
 		mean[i] = float64(sum) / float64(len(s)) / float64(time.Millisecond)
 		slices.Sort(s)
-		p50[i] = quantile(s, 0.50)
-		p99[i] = quantile(s, 0.99)
+		p50[i] = float64(etcdtest.Quantile(s, 0.50)) / float64(time.Millisecond)
+		p99[i] = float64(etcdtest.Quantile(s, 0.99)) / float64(time.Millisecond)
 		b.ReportMetric(mean[i], implNames[i]+"-"+what+"-mean-ms")
 		b.ReportMetric(p50[i], implNames[i]+"-"+what+"-p50-ms")
 		b.ReportMetric(p99[i], implNames[i]+"-"+what+"-p99-ms")
@@ -176,15 +146,4 @@ func reportQuantiles(b *testing.B, samples [2][]time.Duration, what string) {
 	b.ReportMetric(mean[0]/mean[1], "mean-ratio")
 	b.ReportMetric(p50[0]/p50[1], "p50-ratio")
 	b.ReportMetric(p99[0]/p99[1], "p99-ratio")
-}
-
-// quantile returns the q-quantile of sorted, in milliseconds (nearest
-// rank).
-func quantile(sorted []time.Duration, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(sorted))+0.5) - 1
-	i = min(max(i, 0), len(sorted)-1)
-	return float64(sorted[i]) / float64(time.Millisecond)
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/goleak"
 )
 
@@ -56,4 +58,62 @@ func TestStopRestart(t *testing.T) {
 	}
 	s.Stop()
 	s.Stop()
+}
+
+// TestHandOff measures hand-offs of etcd's concurrency.Mutex between two
+// clients: each is positive, the waiter is granted only after the
+// holder's unlock began, and nothing is left in the queue.
+func TestHandOff(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	var sides [2]etcdtest.LockFunc
+	var unlockedAt time.Time
+	for i := range sides {
+		s, err := concurrency.NewSession(srv.Client(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		sides[i] = func(ctx context.Context) (func(), error) {
+			m := concurrency.NewMutex(s, "/q")
+			if err := m.Lock(ctx); err != nil {
+				return nil, err
+			}
+			return func() { unlockedAt = time.Now(); _ = m.Unlock(ctx) }, nil
+		}
+	}
+	client := srv.Client(t)
+	ctx := context.Background()
+	for range 3 {
+		before := time.Now()
+		d, err := etcdtest.HandOff(ctx, client, sides[0], sides[1], "/q/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// unlockedAt is the waiter's unlock, the last one HandOff made.
+		if d <= 0 || d > unlockedAt.Sub(before) {
+			t.Fatalf("hand-off of %v, in a call that unlocked the waiter %v after it began", d, unlockedAt.Sub(before))
+		}
+	}
+	resp, err := client.Get(ctx, "/q/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 0 {
+		t.Fatalf("keys left in the queue: %v %v", resp, err)
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	var sorted []time.Duration
+	for i := 1; i <= 100; i++ {
+		sorted = append(sorted, time.Duration(i))
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0, 1}, {0.5, 50}, {0.99, 99}, {1, 100}} {
+		if got := etcdtest.Quantile(sorted, c.q); got != c.want {
+			t.Errorf("Quantile(1..100, %v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := etcdtest.Quantile(nil, 0.5); got != 0 {
+		t.Errorf("Quantile of nothing = %v", got)
+	}
 }

@@ -178,7 +178,7 @@ func contention(client *clientv3.Client) (bool, error) {
 // and concurrency.Mutex, alternating, with the holder and the waiter on
 // different clients.
 func handOffs(client *clientv3.Client, eps []string) error {
-	var impls [2][2]lockFunc // [etcdlock, mutex][holder, waiter]
+	var impls [2][2]etcdtest.LockFunc // [etcdlock, mutex][holder, waiter]
 	for side := range 2 {
 		c, err := etcdtest.NewClient(eps)
 		if err != nil {
@@ -214,7 +214,7 @@ func handOffs(client *clientv3.Client, eps []string) error {
 	var samples [2][]time.Duration
 	for range *rounds {
 		for i := range 2 {
-			d, err := handOff(client, impls[i][0], impls[i][1], ranges[i])
+			d, err := etcdtest.HandOff(context.Background(), client, impls[i][0], impls[i][1], ranges[i])
 			if err != nil {
 				return err
 			}
@@ -224,7 +224,7 @@ func handOffs(client *clientv3.Client, eps []string) error {
 	var p50, p99 [2]time.Duration
 	for i := range 2 {
 		slices.Sort(samples[i])
-		p50[i], p99[i] = quantile(samples[i], 0.5), quantile(samples[i], 0.99)
+		p50[i], p99[i] = etcdtest.Quantile(samples[i], 0.5), etcdtest.Quantile(samples[i], 0.99)
 	}
 	fmt.Printf("\nhand-off to a freshly queued waiter, %d rounds each (holder's Unlock to the waiter's grant, two clients):\n", *rounds)
 	fmt.Printf("  etcdlock           p50 %8s  p99 %8s\n", ms(p50[0]), ms(p99[0]))
@@ -232,46 +232,6 @@ func handOffs(client *clientv3.Client, eps []string) error {
 	fmt.Printf("  hand-off etcdlock/concurrency.Mutex: p50 %.3f  p99 %.3f\n",
 		float64(p50[0])/float64(p50[1]), float64(p99[0])/float64(p99[1]))
 	return nil
-}
-
-// lockFunc locks the hand-off key and returns its unlock.
-type lockFunc func(context.Context) (func(), error)
-
-// handOff runs one hand-off: the holder holds, the waiter queues, and
-// the holder unlocks as soon as the waiter's key is in etcd.
-func handOff(client *clientv3.Client, holder, waiter lockFunc, rng string) (time.Duration, error) {
-	ctx := context.Background()
-	unlock, err := holder(ctx)
-	if err != nil {
-		return 0, err
-	}
-	type result struct {
-		unlock func()
-		at     time.Time
-		err    error
-	}
-	granted := make(chan result, 1)
-	go func() {
-		u, err := waiter(ctx)
-		granted <- result{u, time.Now(), err}
-	}()
-	for {
-		resp, err := client.Get(ctx, rng, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			return 0, err
-		}
-		if resp.Count == 2 {
-			break
-		}
-	}
-	start := time.Now()
-	unlock()
-	r := <-granted
-	if r.err != nil {
-		return 0, r.err
-	}
-	r.unlock()
-	return r.at.Sub(start), nil
 }
 
 // killHolder kills a holder process and times the next grant.
@@ -480,7 +440,7 @@ func runWorker(role string) error {
 	}
 	slices.Sort(waits)
 	fmt.Printf("%d grants, Lock wait p50 %s p99 %s, %d fenced writes refused while held, %d grants lost with their lease\n",
-		grants, ms(quantile(waits, 0.5)), ms(quantile(waits, 0.99)), refused, lost)
+		grants, ms(etcdtest.Quantile(waits, 0.5)), ms(etcdtest.Quantile(waits, 0.99)), refused, lost)
 	return nil
 }
 
@@ -492,15 +452,6 @@ func firstError(errs ...error) error {
 		}
 	}
 	return nil
-}
-
-// quantile returns the q-quantile of sorted (nearest rank).
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 // ms formats d in milliseconds.
