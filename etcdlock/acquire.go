@@ -301,30 +301,45 @@ func (l *Locker) wait(ctx context.Context, g *Guard, ahead []string, complete bo
 				return l.cancel(g, errClosed)
 			}
 		}
-		for {
-			var err error
-			ahead, complete, at, err = l.check(ctx, g)
-			if err == nil {
-				retry.reset()
-				break
-			}
-			switch {
-			case err == errRequeue:
-				return l.requeue(g)
-			case ctx.Err() != nil:
+		if err := l.recheck(ctx, g, retry, &ahead, &complete, &at); err != nil {
+			return err
+		}
+	}
+}
+
+// recheck reads g's queue again (check) into ahead, complete and at,
+// retrying with backoff while etcd fails. The reads and the backoff end
+// when ctx ends or the Locker closes, whichever is first: a Close must not
+// wait for a read that an unreachable etcd never answers. It returns nil,
+// or the call's result: requeued, or cancelled with ctx's error, ErrClosed
+// or the client's.
+func (l *Locker) recheck(ctx context.Context, g *Guard, retry *backoff, ahead *[]string, complete *bool, at *int64) error {
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(l.shut, stop)()
+	for {
+		var err error
+		*ahead, *complete, *at, err = l.check(rctx, g)
+		if err == nil {
+			retry.reset()
+			return nil
+		}
+		switch {
+		case err == errRequeue:
+			return l.requeue(g)
+		case ctx.Err() != nil:
+			return l.cancel(g, contextError(ctx))
+		case l.shut.Err() != nil:
+			return l.cancel(g, errClosed)
+		case l.client.Ctx().Err() != nil:
+			return l.cancel(g, err)
+		}
+		l.logger.Warn("etcdlock: reading a queue failed; retrying", "locker", l.name, "key", g.name, "error", err)
+		if !retry.wait(rctx) {
+			if ctx.Err() != nil {
 				return l.cancel(g, contextError(ctx))
-			case l.client.Ctx().Err() != nil:
-				return l.cancel(g, err)
 			}
-			l.logger.Warn("etcdlock: reading a queue failed; retrying", "locker", l.name, "key", g.name, "error", err)
-			select {
-			case <-l.closing:
-				return l.cancel(g, errClosed)
-			default:
-			}
-			if !retry.wait(ctx) {
-				return l.cancel(g, contextError(ctx))
-			}
+			return l.cancel(g, errClosed)
 		}
 	}
 }

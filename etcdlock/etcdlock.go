@@ -102,7 +102,9 @@ type Locker struct {
 	bg      context.Context    // the background goroutines' context
 	stopBg  context.CancelFunc // cancels bg: Close, after the calls have ended
 	wg      sync.WaitGroup     // the lease loop, the watch loop, the janitor
-	closing chan struct{}      // closed by the first Close
+	closing <-chan struct{}    // closed by the first Close: shut.Done()
+	shut    context.Context    // ended by the first Close
+	shutNow context.CancelFunc // ends shut
 	closed  chan struct{}      // closed when the first Close returns
 	kick    chan struct{}      // cap 1: wakes the janitor
 
@@ -162,7 +164,6 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 		ttl:     ttlSeconds(cfg.ttl),
 		logger:  cfg.logger,
 		value:   host + ":" + strconv.Itoa(os.Getpid()) + " ",
-		closing: make(chan struct{}),
 		closed:  make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		leaseCh: make(chan struct{}),
@@ -172,6 +173,8 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 		idle:    make(chan struct{}, 1),
 	}
 	l.hub.init()
+	l.shut, l.shutNow = context.WithCancel(context.Background())
+	l.closing = l.shut.Done()
 	l.bg, l.stopBg = context.WithCancel(context.WithoutCancel(client.Ctx()))
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
@@ -226,18 +229,20 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 // Close closes the Locker. Later Lock, TryLock and Wait calls return
 // ErrClosed, and queued calls wake with ErrClosed, deleting their keys.
 // Close then waits until every grant has been unlocked or ctx is done.
-// Then it stops the Locker's goroutines and revokes its lease (bounded
-// by 5 s on a context of its own), which deletes every key the Locker
-// still had in etcd: when Close returns, the Locker has nothing under the
-// prefix, or, if etcd could not be reached, only keys that expire with
-// the lease's TTL. Grants still held at that point are lost: their Lost
+// Then it stops the Locker's goroutines and revokes its lease, which
+// deletes every key the Locker still had in etcd, and makes a last try
+// at deletions that failed earlier: the two together are bounded by 5 s
+// on a context of their own. When Close returns, the Locker has nothing
+// under the prefix, or, if etcd could not be reached, only keys that
+// expire with the lease's TTL. Grants still held at that point are lost: their Lost
 // channels close and their Unlock returns ErrLost. Close unregisters the
 // Locker from the debug registry and its Observer.
 //
 // Close returns nil, or an error wrapping ctx's error that says how many
 // grants were still held, or the revoke's error. It is safe to call more
-// than once and concurrently; later calls wait for the first to finish
-// (or their ctx) and return nil. A nil ctx means context.Background.
+// than once and concurrently; a later call waits for the first to finish
+// and returns nil, or an error wrapping its own ctx's error if that ends
+// first. A nil ctx means context.Background.
 func (l *Locker) Close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -246,7 +251,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	first := !l.isClosed
 	if first {
 		l.isClosed = true
-		close(l.closing)
+		l.shutNow()
 	}
 	l.mu.Unlock()
 	if !first {
@@ -274,12 +279,17 @@ func (l *Locker) Close(ctx context.Context) error {
 		l.loseLocked(g)
 	}
 	l.mu.Unlock()
-	l.sweep(context.Background()) // a last try at failed deletions
+	// The revoke deletes every key of the lease; then a last try at
+	// failed deletions (keys of an earlier lease, or of unknown outcome).
+	// Both share one bound, however many deletions are left.
+	end, cancel := context.WithTimeout(context.WithoutCancel(l.client.Ctx()), cleanupTimeout)
+	defer cancel()
 	if ls != nil {
-		if err := l.revoke(ls); err != nil {
+		if err := l.revokeWith(end, ls); err != nil {
 			errs = append(errs, fmt.Errorf("etcdlock: Close: revoke lease %x: %w", int64(ls.id), err))
 		}
 	}
+	l.sweep(end)
 	if l.unreg != nil {
 		l.unreg()
 	}

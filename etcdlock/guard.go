@@ -145,10 +145,18 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	// Take the Guard's turn without a look at ctx first: a select with a
+	// done ctx picks a ready case at random, and an Unlock with a done ctx
+	// must still release (its deletion then fails and goes to the janitor).
+	// Only an Unlock racing another Unlock of the Guard waits here.
 	select {
 	case g.sem <- struct{}{}:
-	case <-ctx.Done():
-		return lockError("Unlock", g.key, g.owner, contextError(ctx))
+	default:
+		select {
+		case g.sem <- struct{}{}:
+		case <-ctx.Done():
+			return lockError("Unlock", g.key, g.owner, contextError(ctx))
+		}
 	}
 	defer func() { <-g.sem }()
 	l := g.l

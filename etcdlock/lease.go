@@ -202,6 +202,11 @@ func (l *Locker) revokeAbandoned(ls *lease) {
 func (l *Locker) revoke(ls *lease) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.client.Ctx()), cleanupTimeout)
 	defer cancel()
+	return l.revokeWith(ctx, ls)
+}
+
+// revokeWith revokes ls on ctx; a lease already gone is not an error.
+func (l *Locker) revokeWith(ctx context.Context, ls *lease) error {
 	_, err := l.client.Revoke(ctx, ls.id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil
@@ -260,7 +265,9 @@ func (l *Locker) janitorLoop() {
 	}
 }
 
-// sweep tries every recorded deletion once.
+// sweep tries every recorded deletion once, until ctx ends: Close's
+// stopping of the janitor ends a sweep in progress, and its own last
+// sweep shares one bound with the lease's revoke.
 func (l *Locker) sweep(ctx context.Context) {
 	l.mu.Lock()
 	todo := make(map[string]cleanup, len(l.janitor))
@@ -269,6 +276,9 @@ func (l *Locker) sweep(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	for name, c := range todo {
+		if ctx.Err() != nil {
+			return
+		}
 		if err := l.deleteKey(ctx, name, c.rev); err != nil {
 			continue
 		}
@@ -283,10 +293,10 @@ func (l *Locker) sweep(ctx context.Context) {
 }
 
 // deleteKey deletes name if its creation revision is rev (any, for rev
-// 0), on a context detached from ctx's cancellation and bounded by
-// cleanupTimeout. A key that is already gone is not an error.
+// 0), bounded by ctx and by cleanupTimeout. A key that is already gone is
+// not an error.
 func (l *Locker) deleteKey(ctx context.Context, name string, rev int64) error {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	dctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	cmp := clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
 	if rev == 0 {
