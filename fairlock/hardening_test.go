@@ -534,3 +534,44 @@ func TestCrowdOfReadersGivesMemoryBack(t *testing.T) {
 		t.Fatalf("Len = %d when idle", l.Len())
 	}
 }
+
+// TestReleasedFastKeyIsLetGo: a shard's reference to the last key granted
+// on its lock-free path goes once the shard is next used by another key,
+// and at Close: a pointer key's object is then collected.
+func TestReleasedFastKeyIsLetGo(t *testing.T) {
+	type account struct{ balance [1 << 16]byte }
+	l := New[*account](WithShards(1))
+	ctx := context.Background()
+	var collected [2]atomic.Bool
+	lockOnce := func(i int) {
+		a := new(account)
+		runtime.AddCleanup(a, func(i int) { collected[i].Store(true) }, i)
+		g, err := l.Lock(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Unlock()
+	}
+	gone := func(i int) bool {
+		for range 20 {
+			if collected[i].Load() {
+				return true
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond) // cleanups run on their own goroutine
+		}
+		return false
+	}
+	lockOnce(0)
+	lockOnce(1) // the shard's next use: by another key
+	if !gone(0) {
+		t.Error("the first key is still reachable after another key used its shard")
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(1) {
+		t.Error("the last key is still reachable after Close")
+	}
+	runtime.KeepAlive(l)
+}

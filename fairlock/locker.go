@@ -34,9 +34,16 @@
 // publishing stores (yielding, then sleeping briefly if that grant's
 // goroutine was preempted there). Neither allocates
 // with debug and observer off. A call that must wait allocates nothing
-// either once the package has warmed up: waiters are recycled. A key's
-// state exists only while the key is held or awaited, so a Locker over
-// millions of distinct keys holds memory only for the ones in use.
+// either once the package has warmed up (waiters are recycled), except
+// with WithDeadlockDetection, whose check of each waiting call allocates
+// its graph arrays, and WithStacks, which records each call's stack. A
+// key's state exists only while the key is held or awaited, so a Locker
+// over millions of distinct keys holds memory only for the ones in use;
+// beyond that, each shard keeps a reference to the last key granted on
+// its lock-free path (at most one key per shard, so a pointer key's
+// object stays reachable) until the shard is next used, Len or Close
+// runs, or the Locker is dropped. Clearing it in the lock-free Unlock
+// would cost that Unlock a second atomic operation.
 package fairlock
 
 import "context"
