@@ -696,3 +696,59 @@ func TestKeyNotEqualToItselfIsRefused(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// TestContextCauseIsNotTheResult: a waiter whose context ends with a cause
+// (errgroup cancels with the first error) is reported as canceled, or as
+// deadline_exceeded if its deadline passed, whatever the cause says; the
+// cause stays in its error. A cause naming ErrDeadlock, ErrClosed or
+// ErrWouldBlock is another call's result, not this one's.
+func TestContextCauseIsNotTheResult(t *testing.T) {
+	peerTimedOut := fmt.Errorf("peer: %w", context.DeadlineExceeded)
+	for _, c := range []struct {
+		cause error
+		timed bool
+		want  fairlock.Result
+	}{
+		{errors.New("plain cause"), false, fairlock.Canceled},
+		{fmt.Errorf("sibling: %w", fairlock.ErrDeadlock), false, fairlock.Canceled},
+		{fmt.Errorf("sibling: %w", fairlock.ErrWouldBlock), false, fairlock.Canceled},
+		{fmt.Errorf("shutting down: %w", fairlock.ErrClosed), false, fairlock.Canceled},
+		{peerTimedOut, false, fairlock.Canceled},
+		{errors.New("too slow"), true, fairlock.DeadlineExceeded},
+	} {
+		o := new(tally)
+		l := fairlock.New[string](fairlock.WithObserver(o))
+		holder, _ := l.Lock(context.Background(), "k")
+		var ctx context.Context
+		var stop func()
+		if c.timed {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeoutCause(owner.NewContext(context.Background()), 20*time.Millisecond, c.cause)
+			stop = cancel
+		} else {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(owner.NewContext(context.Background()))
+			stop = func() { cancel(c.cause) }
+		}
+		done := make(chan error, 1)
+		go func() { _, err := l.Lock(ctx, "k"); done <- err }()
+		if !c.timed {
+			waitWaiters(t, l, "k", 1)
+			stop()
+		}
+		err := <-done
+		stop()
+		holder.Unlock()
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(err, c.cause) {
+			t.Errorf("cause %q: the error %v does not carry the cause", c.cause, err)
+		}
+		results, _, _ := o.counts()
+		delete(results, fairlock.Acquired)
+		if diff := cmp.Diff(map[fairlock.Result]int{c.want: 1}, results); diff != "" {
+			t.Errorf("cause %q: results (-want +got):\n%s", c.cause, diff)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/internal/registry"
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -121,7 +122,7 @@ func (l *Locker) acquire(ctx context.Context, op string, k kind, key string) (*G
 // a done ctx, a closed Locker and a reentrant owner fail at once.
 func (l *Locker) begin(ctx context.Context, key string, id owner.ID, mode string) (*Guard, error) {
 	if ctx.Err() != nil {
-		return nil, contextError(ctx)
+		return nil, ctxerr.Of(ctx)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -287,7 +288,7 @@ func (l *Locker) wait(ctx context.Context, g *Guard, ahead []string, complete bo
 			select {
 			case <-g.wake:
 			case <-ctx.Done():
-				return l.cancel(g, contextError(ctx))
+				return l.cancel(g, ctxerr.Of(ctx))
 			case <-l.closing:
 				return l.cancel(g, errClosed)
 			}
@@ -296,7 +297,7 @@ func (l *Locker) wait(ctx context.Context, g *Guard, ahead []string, complete bo
 			select {
 			case <-ready:
 			case <-ctx.Done():
-				return l.cancel(g, contextError(ctx))
+				return l.cancel(g, ctxerr.Of(ctx))
 			case <-l.closing:
 				return l.cancel(g, errClosed)
 			}
@@ -328,7 +329,7 @@ func (l *Locker) recheck(ctx context.Context, g *Guard, retry *backoff, ahead *[
 		case err == errRequeue:
 			return l.requeue(g)
 		case ctx.Err() != nil:
-			return l.cancel(g, contextError(ctx))
+			return l.cancel(g, ctxerr.Of(ctx))
 		case l.shut.Err() != nil:
 			return l.cancel(g, errClosed)
 		case l.client.Ctx().Err() != nil:
@@ -337,7 +338,7 @@ func (l *Locker) recheck(ctx context.Context, g *Guard, retry *backoff, ahead *[
 		l.logger.Warn("etcdlock: reading a queue failed; retrying", "locker", l.name, "key", g.name, "error", err)
 		if !retry.wait(rctx) {
 			if ctx.Err() != nil {
-				return l.cancel(g, contextError(ctx))
+				return l.cancel(g, ctxerr.Of(ctx))
 			}
 			return l.cancel(g, errClosed)
 		}
@@ -416,7 +417,7 @@ func LockMany(ctx context.Context, l *Locker, keys ...string) (*MultiGuard, erro
 		var err error
 		switch {
 		case ctx.Err() != nil:
-			err = contextError(ctx)
+			err = ctxerr.Of(ctx)
 		default:
 			l.mu.Lock()
 			if l.isClosed {

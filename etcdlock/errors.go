@@ -3,9 +3,9 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -24,19 +24,11 @@ func lockError(op, key string, id owner.ID, err error) error {
 	return &fairlock.LockError{Op: op, Key: key, Owner: id, Err: err}
 }
 
-// contextError returns the error to report for a done ctx: its cause when
-// one was set with a Cause function and differs, else ctx.Err(), as
-// package fairlock does. Both stay reachable through errors.Is.
-func contextError(ctx context.Context) error {
-	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w: %w", err, cause)
-	}
-	return err
-}
-
-// resultOf classifies a call's error for an Observer.
+// resultOf classifies a call's error for an Observer. A call that ended
+// with its context is Canceled or DeadlineExceeded whatever the context's
+// cause.
 func resultOf(err error) fairlock.Result {
+	err = ctxerr.How(err)
 	switch {
 	case err == nil:
 		return fairlock.Acquired

@@ -57,6 +57,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/internal/registry"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -259,7 +260,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		case <-l.closed:
 			return nil
 		case <-ctx.Done():
-			return fmt.Errorf("etcdlock: Close: %w", contextError(ctx))
+			return fmt.Errorf("etcdlock: Close: %w", ctxerr.Of(ctx))
 		}
 	}
 	defer close(l.closed)
@@ -267,7 +268,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	// Queued calls see l.closing, delete their keys and return.
 	var errs []error
 	if held := l.waitIdle(ctx); held > 0 {
-		errs = append(errs, fmt.Errorf("etcdlock: Close: %d grants still held, now lost: %w", held, contextError(ctx)))
+		errs = append(errs, fmt.Errorf("etcdlock: Close: %d grants still held, now lost: %w", held, ctxerr.Of(ctx)))
 	}
 	l.stopBg()
 	l.wg.Wait()
@@ -334,7 +335,7 @@ func (l *Locker) signalIdle() {
 // (with its cause) if ctx is done, else err.
 func (l *Locker) callError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return contextError(ctx)
+		return ctxerr.Of(ctx)
 	}
 	return err
 }

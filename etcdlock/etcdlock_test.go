@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -673,12 +674,44 @@ func TestDebugAndObserver(t *testing.T) {
 	}
 }
 
+// TestContextCauseIsNotTheResult: a waiter cancelled with a cause that
+// names ErrClosed (another call's result, as errgroup passes it on) is
+// reported as canceled, and its error carries the cause.
+func TestContextCauseIsNotTheResult(t *testing.T) {
+	c := startClient(t)
+	obs := &countingObserver{}
+	l := newLocker(t, c, "/cause", etcdlock.WithObserver(obs))
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancelCause(owner.NewContext(ctx))
+	done := make(chan error, 1)
+	go func() { _, err := l.Lock(wctx, "k"); done <- err }()
+	waitKeys(t, c, "/cause/", 2, 5*time.Second)
+	cause := fmt.Errorf("a sibling call failed: %w", fairlock.ErrClosed)
+	cancel(cause)
+	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+		t.Fatalf("the waiter: %v, want context.Canceled with the cause", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	obs.mu.Lock()
+	canceled, closed := obs.canceled, obs.closed
+	obs.mu.Unlock()
+	if canceled != 1 || closed != 0 {
+		t.Fatalf("observer: %d canceled, %d closed; want 1, 0", canceled, closed)
+	}
+}
+
 // countingObserver counts what a Locker reports.
 type countingObserver struct {
-	mu                            sync.Mutex
-	acquired, released, reentrant int
-	statsFn                       func() fairlock.Stats
-	unregistered                  bool
+	mu                                              sync.Mutex
+	acquired, released, reentrant, canceled, closed int
+	statsFn                                         func() fairlock.Stats
+	unregistered                                    bool
 }
 
 func (o *countingObserver) stats() fairlock.Stats {
@@ -703,6 +736,10 @@ func (o *countingObserver) Acquire(r fairlock.Result, _ time.Duration) {
 		o.acquired++
 	case fairlock.Reentrant:
 		o.reentrant++
+	case fairlock.Canceled:
+		o.canceled++
+	case fairlock.Closed:
+		o.closed++
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -155,7 +156,7 @@ func (g *Guard) Unlock(ctx context.Context) error {
 		select {
 		case g.sem <- struct{}{}:
 		case <-ctx.Done():
-			return lockError("Unlock", g.key, g.owner, contextError(ctx))
+			return lockError("Unlock", g.key, g.owner, ctxerr.Of(ctx))
 		}
 	}
 	defer func() { <-g.sem }()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -64,7 +65,7 @@ func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, contextError(ctx)
+			return nil, ctxerr.Of(ctx)
 		case <-l.closing:
 			return nil, errClosed
 		}
@@ -339,7 +340,7 @@ type pendingTxn struct {
 // Close waits for background transactions.
 func (l *Locker) commit(ctx context.Context, name string, txn func(context.Context) (*clientv3.TxnResponse, error), wrote func(*clientv3.TxnResponse) bool) (*clientv3.TxnResponse, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, contextError(ctx)
+		return nil, ctxerr.Of(ctx)
 	}
 	p := &pendingTxn{done: make(chan txnResult, 1)}
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -369,7 +370,7 @@ func (l *Locker) commit(ctx context.Context, name string, txn func(context.Conte
 	select {
 	case r = <-p.done:
 	case <-ctx.Done():
-		stop = contextError(ctx)
+		stop = ctxerr.Of(ctx)
 	case <-l.closing:
 		stop = errClosed
 	}

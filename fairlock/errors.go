@@ -3,9 +3,9 @@ package fairlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -81,20 +81,10 @@ func (e *LockError) Error() string {
 // Unwrap returns the sentinel or context error.
 func (e *LockError) Unwrap() error { return e.Err }
 
-// contextError returns the error to report for a done ctx: its cause when
-// one was set with a Cause function and differs, else ctx.Err(). Both
-// context.Canceled/DeadlineExceeded and the cause stay reachable through
-// errors.Is.
-func contextError(ctx context.Context) error {
-	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w: %w", err, cause)
-	}
-	return err
-}
-
-// resultOf classifies an error for observers.
+// resultOf classifies an error for observers. A call that ended with its
+// context is Canceled or DeadlineExceeded whatever the context's cause.
 func resultOf(err error) Result {
+	err = ctxerr.How(err)
 	switch {
 	case err == nil:
 		return Acquired

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -86,7 +87,7 @@ func (l *Locker[K]) lockNone(ctx context.Context) error {
 	}
 	var err error
 	if ctx.Err() != nil {
-		err = contextError(ctx)
+		err = ctxerr.Of(ctx)
 	} else if l.t.closing.Load() {
 		err = ErrClosed
 	} else {

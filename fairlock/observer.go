@@ -11,9 +11,9 @@ type Result uint8
 const (
 	Acquired         Result = iota // the call got the lock
 	Reentrant                      // ErrReentrant
-	Canceled                       // the context was canceled (or ended with a cause)
-	DeadlineExceeded               // the context's deadline passed
-	WouldBlock                     // ErrWouldBlock from TryLock
+	Canceled                       // the call's context was canceled, whatever its cause (context.WithCancelCause)
+	DeadlineExceeded               // the call's context's deadline passed, whatever its cause
+	WouldBlock                     // ErrWouldBlock from TryLock, TryRLock or TryAcquire
 	Closed                         // ErrClosed
 	Deadlock                       // ErrDeadlock
 	InvalidKey                     // ErrInvalidKey

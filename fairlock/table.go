@@ -13,6 +13,7 @@ import (
 	"time"
 	"weak"
 
+	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/waitqueue"
 )
@@ -236,7 +237,7 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 		panic("fairlock: " + op + " with a nil context")
 	}
 	if err := ctx.Err(); err != nil {
-		return t.fail(ctx, op, key, 0, contextError(ctx), 0, !r.turn)
+		return t.fail(ctx, op, key, 0, ctxerr.Of(ctx), 0, !r.turn)
 	}
 	if key != key {
 		return t.fail(ctx, op, key, 0, ErrInvalidKey, 0, !r.turn)
@@ -294,7 +295,7 @@ func (t *table[K]) acquire(ctx context.Context, op string, key K, s *shard[K], t
 	}
 	s.unlock()
 	if err == errContextDone {
-		err = contextError(ctx)
+		err = ctxerr.Of(ctx)
 	}
 	return t.fail(ctx, op, key, r.owner, err, 0, !r.turn)
 }
@@ -349,7 +350,7 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 				s.unlock()
 				signal(decided)
 				releaseWaiter(w)
-				return t.fail(ctx, op, key, r.owner, contextError(ctx), since(r.now), !r.turn)
+				return t.fail(ctx, op, key, r.owner, ctxerr.Of(ctx), since(r.now), !r.turn)
 			}
 			// Decided in the same instant. The decider signals after
 			// releasing s.mu; take its signal so w can be reused.
@@ -372,7 +373,7 @@ func (t *table[K]) wait(ctx context.Context, op string, key K, s *shard[K], e *e
 	// error: the caller holds nothing (as x/sync/semaphore does).
 	if isDone(done) {
 		g.release(false)
-		return t.fail(ctx, op, key, r.owner, contextError(ctx), since(r.now), true)
+		return t.fail(ctx, op, key, r.owner, ctxerr.Of(ctx), since(r.now), true)
 	}
 	return t.granted(s, key, token, since(r.now), true), nil
 }
@@ -591,7 +592,7 @@ func (t *table[K]) close(ctx context.Context) error {
 	case <-t.drained:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", t.name, t.Len(), contextError(ctx))
+		return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", t.name, t.Len(), ctxerr.Of(ctx))
 	}
 }
 
