@@ -51,11 +51,15 @@ var knownParams = []string{"format", "limit", "locker"}
 //
 // Every answer carries X-Content-Type-Options: nosniff.
 //
-// Mounted on a ServeMux under a pattern that ends in "/", such as
-// "/debug/fairlock/", it serves the pattern's own path only (or what is
-// left of it after http.StripPrefix), not the paths below it that the
-// pattern also matches. Reached without a pattern, it serves paths that
-// end in "/" and the empty path. A read takes each locker's shard mutexes
+// Mounted on a ServeMux under a pattern that ends in "/" or in a
+// "{name...}" wildcard, such as "/debug/fairlock/", it serves the
+// pattern's own path only, not the paths below it that the pattern also
+// matches, with or without http.StripPrefix before or after the mux: it
+// compares the path the request came with (Request.RequestURI) with the
+// pattern. A path below the mount that repeats the pattern's own path
+// ("/d/d/" under "/d/") cannot be told from the own page of a mux nested
+// under a prefix, and is served. Reached without a pattern, it serves
+// paths that end in "/" and the empty path. A read takes each locker's shard mutexes
 // in turn; it allocates in proportion to the keys it shows.
 func Handler() http.Handler { return http.HandlerFunc(serve) }
 
@@ -142,40 +146,45 @@ func notFound(name string) string {
 }
 
 // ownPath reports whether r asks for the handler's own page rather than a
-// path below it. A ServeMux pattern that ends in "/" matches every path
-// under it, so the request's path must be the pattern's own path, or a
-// tail of it when http.StripPrefix cut the front off (the request keeps
-// the mux's Pattern). Segments are compared unescaped, a wildcard segment
-// ("{id}") matching any one segment. A pattern that does not end in "/"
-// matched the path exactly. Without a pattern, the path must end in "/"
-// or be empty.
+// path below it. A ServeMux pattern that ends in "/" (or in a "{name...}"
+// wildcard) matches every path under it, so the path the request came in
+// with (r.RequestURI, which http.StripPrefix leaves alone, unlike r.URL)
+// must end with the pattern's own path: a StripPrefix before the mux (a
+// mux nested under a prefix) cuts segments off the front, which the
+// comparison from the end ignores, and one after the mux changes nothing
+// it reads. Segments are compared unescaped, a wildcard segment ("{id}")
+// matching any one segment. A pattern that does not end in "/" matched
+// the path exactly. Without a pattern, the path must end in "/" or be
+// empty. One request is read both ways: when the path below the mount
+// repeats the pattern's own path ("/d/" mounted with StripPrefix("/d")
+// and asked for "/d/d/"), it is served.
 func ownPath(r *http.Request) bool {
 	pattern := patternPath(r.Pattern)
 	if pattern == "" {
 		return r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/")
 	}
-	if !strings.HasSuffix(pattern, "/") {
-		return true
-	}
-	reqSegs := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
 	patSegs := strings.Split(strings.TrimPrefix(pattern, "/"), "/")
-	if len(reqSegs) > len(patSegs) {
+	if last := patSegs[len(patSegs)-1]; strings.HasPrefix(last, "{") && strings.HasSuffix(last, "...}") {
+		patSegs[len(patSegs)-1] = "" // the rest of the path: empty on the own page
+	} else if last != "" {
+		return true // an exact pattern
+	}
+	path := r.URL.EscapedPath()
+	if u, err := url.ParseRequestURI(r.RequestURI); r.RequestURI != "" && err == nil {
+		path = u.EscapedPath()
+	}
+	reqSegs := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(reqSegs) < len(patSegs) {
 		return false
 	}
-	patSegs = patSegs[len(patSegs)-len(reqSegs):]
-	for i, rs := range reqSegs {
-		ps := patSegs[i]
+	reqSegs = reqSegs[len(reqSegs)-len(patSegs):]
+	for i, ps := range patSegs {
 		if len(ps) > 2 && ps[0] == '{' && ps[len(ps)-1] == '}' {
 			continue // a wildcard: any one segment
 		}
-		rs, err1 := url.PathUnescape(rs)
+		rs, err1 := url.PathUnescape(reqSegs[i])
 		ps, err2 := url.PathUnescape(ps)
-		if err1 != nil || err2 != nil {
-			return false
-		}
-		// The first segment may be the tail of the pattern's, when
-		// StripPrefix cut inside a segment.
-		if rs != ps && (i > 0 || !strings.HasSuffix(ps, rs)) {
+		if err1 != nil || err2 != nil || rs != ps {
 			return false
 		}
 	}

@@ -230,6 +230,12 @@ func TestHandlerServesOnlyItsOwnPath(t *testing.T) {
 	mux.Handle("/stripped/", http.StripPrefix("/stripped", debug.Handler()))
 	mux.Handle("/exact", debug.Handler())
 	mux.Handle("/exact-dir/{$}", debug.Handler())
+	mux.Handle("/mounted/fairlock/", http.StripPrefix("/mounted/fairlock", debug.Handler()))
+	mux.Handle("/part/fairlock/", http.StripPrefix("/part", debug.Handler()))
+	mux.Handle("/rest/{rest...}", debug.Handler())
+	inner := http.NewServeMux()
+	inner.Handle("/locks/", debug.Handler())
+	mux.Handle("/admin/", http.StripPrefix("/admin", inner))
 	direct := debug.Handler()
 	for _, tc := range []struct {
 		h      http.Handler
@@ -246,6 +252,17 @@ func TestHandlerServesOnlyItsOwnPath(t *testing.T) {
 		{mux, "/stripped/", 200},
 		{mux, "/stripped/x", 404},
 		{mux, "/stripped/x/", 404},
+		{mux, "/stripped/d/", 404},
+		{mux, "/mounted/fairlock/", 200},
+		{mux, "/mounted/fairlock/fairlock/", 404},
+		{mux, "/mounted/fairlock/lock/", 404},
+		{mux, "/part/fairlock/", 200},
+		{mux, "/part/fairlock/fairlock/", 404},
+		{mux, "/rest/", 200},
+		{mux, "/rest/x", 404},
+		{mux, "/rest/x/y/", 404},
+		{mux, "/admin/locks/", 200},
+		{mux, "/admin/locks/x/", 404},
 		{mux, "/exact", 200},
 		{mux, "/exact-dir/", 200},
 		{direct, "/any/mount/", 200},
