@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/debug"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/google/go-cmp/cmp"
@@ -403,6 +404,59 @@ func TestClose(t *testing.T) {
 		}
 		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 1, fairlock.Closed: 6}, 1)
 	})
+}
+
+// TestCloseStaysVisibleUntilDrained: a Close that gives up on a holder
+// leaves the Locker in debug output and its observer registered, so the
+// stuck holder can be seen; the last Unlock then releases both, after the
+// observer heard that Unlock.
+func TestCloseStaysVisibleUntilDrained(t *testing.T) {
+	ctx := context.Background()
+	o := new(tally)
+	l := fairlock.New[string](fairlock.WithName("closing-with-a-holder"), fairlock.WithDebug(), fairlock.WithObserver(o))
+	listed := func() bool {
+		for _, st := range debug.Snapshot() {
+			if st.Name == "closing-with-a-holder" {
+				return true
+			}
+		}
+		return false
+	}
+	g, _ := l.Lock(ctx, "stuck")
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if err := l.Close(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a holder: %v", err)
+	}
+	o.mu.Lock()
+	unregistered := o.unregistered
+	o.mu.Unlock()
+	if !listed() || unregistered != 0 {
+		t.Fatalf("after a Close that gave up: listed in debug %v, observer unregistered %d times; want listed, 0", listed(), unregistered)
+	}
+	g.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		o.mu.Lock()
+		unregistered, releases := o.unregistered, o.releases
+		o.mu.Unlock()
+		if unregistered == 1 && !listed() {
+			if releases != 1 {
+				t.Fatalf("the observer heard %d releases before Unregister, want 1", releases)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the last Unlock: listed in debug %v, observer unregistered %d times", listed(), unregistered)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatalf("Close after the last Unlock: %v", err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.unregistered != 1 {
+		t.Fatalf("observer unregistered %d times after a second Close, want once", o.unregistered)
+	}
 }
 
 func TestErrorsNameTheKey(t *testing.T) {

@@ -213,8 +213,12 @@ func (l *Locker[K]) Len() int { return l.t.Len() }
 // waiters (Lock, RLock, Wait) wake with ErrClosed at once. Close then
 // waits until every holder has unlocked or ctx is done, whichever comes
 // first; on ctx's end it returns an error wrapping ctx's error and naming
-// how many keys are still held (they may still be unlocked later). It
-// stops the Locker's watchdog goroutine, unregisters it from package debug
-// and its Observer, and is safe to call more than once and concurrently;
-// each call waits as described. A nil ctx means context.Background.
+// how many keys are still held (they may still be unlocked later). Once
+// no key is held, it stops the Locker's watchdog goroutine and unregisters
+// it from package debug and its Observer; until then the Locker stays in
+// debug output and metrics, so that a Close stuck on a holder can be
+// looked into, and if Close gave up, the last Unlock releases them (on a
+// goroutine of its own). Close is safe to call more than once and
+// concurrently; each call waits as described. A nil ctx means
+// context.Background.
 func (l *Locker[K]) Close(ctx context.Context) error { return l.t.close(ctx) }

@@ -50,6 +50,10 @@ type table[K comparable] struct {
 	closing  atomic.Bool   // Close has begun: set before it marks any shard
 	draining atomic.Int64  // after Close: shards with live keys, +1 while Close walks them
 	drained  chan struct{} // closed when draining reaches 0
+	// released says who releases the registrations (closer): the Close
+	// that sees the table drained, or, if Close gave up waiting first,
+	// whoever drains it. See settleRelease.
+	released atomic.Uint32
 	closer   *closer       // what Close and an unreachable table's cleanup release
 }
 
@@ -585,15 +589,37 @@ func (t *table[K]) close(ctx context.Context) error {
 	}
 	select {
 	case <-t.drained:
+		t.closer.release()
 		return nil
 	default:
 	}
 	select {
 	case <-t.drained:
+		t.closer.release()
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", t.name, t.Len(), ctxerr.Of(ctx))
 	}
+	if t.settleRelease(closeGaveUp) {
+		t.closer.release() // drained in the meantime
+		return nil
+	}
+	return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", t.name, t.Len(), ctxerr.Of(ctx))
+}
+
+// The two events after which a closing table's registrations (debug,
+// watchdog, observer) are released. They stay while holders remain, so a
+// Close stuck on a holder can be looked into through debug output and
+// metrics, and every Release reaches the observer before Unregister.
+const (
+	closeGaveUp = 1 << iota // a Close returned on its ctx's end
+	tableDrained            // the last holder or waiter left a closed table
+)
+
+// settleRelease records ev and reports whether the other event had
+// already happened: then the caller releases the registrations.
+func (t *table[K]) settleRelease(ev uint32) bool {
+	other := uint32(closeGaveUp | tableDrained) &^ ev
+	return t.released.Or(ev)&other != 0
 }
 
 // Len returns the number of live keys; see Locker.Len.
@@ -627,7 +653,6 @@ func (t *table[K]) closeShards() {
 		s.unlock()
 	}
 	signal(all.first)
-	t.closer.release()
 	t.shardDrained() // Close's own count
 }
 
@@ -635,6 +660,11 @@ func (t *table[K]) closeShards() {
 func (t *table[K]) shardDrained() {
 	if t.draining.Add(-1) == 0 {
 		close(t.drained)
+		if t.settleRelease(tableDrained) {
+			// Close gave up before the last holder left; this may run
+			// under a shard mutex, and Unregister is the user's code.
+			go t.closer.release()
+		}
 	}
 }
 
