@@ -650,7 +650,8 @@ func TestDebugAndObserver(t *testing.T) {
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Lock(ctx, "k\n1"); err != nil {
+	last, err := l.Lock(ctx, "k\n1")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Lock(ctx, "k\n1"); !errors.Is(err, fairlock.ErrReentrant) {
@@ -671,6 +672,17 @@ func TestDebugAndObserver(t *testing.T) {
 	}
 	if !obs.unregistered || len(registry.Snapshot("dbg-test", 0)) != 0 {
 		t.Fatal("Close did not unregister")
+	}
+	// The grant Close took: its Unlock says so, and the observer, no
+	// longer registered, hears nothing of it.
+	if err := last.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
+		t.Fatalf("Unlock after Close: %v, want ErrLost", err)
+	}
+	obs.mu.Lock()
+	rel = obs.released
+	obs.mu.Unlock()
+	if rel != 3 {
+		t.Fatalf("the observer heard %d releases after Close, want still 3", rel)
 	}
 }
 
