@@ -182,13 +182,14 @@ func (n *naiveKeyed) lock(key string) func() {
 //
 // With one processor, each release wakes the next holder on the releaser's
 // time slice, so the holders form a chain that the scheduler does not
-// interrupt until its 10 ms preemption, and often not then (traces showed
-// waits of 75 and 173 ms). This goroutine calls runtime.Gosched while four
+// interrupt until its 10 ms preemption, and often not then: a chain can
+// run on for many time slices. This goroutine calls runtime.Gosched while four
 // others cycle on the key, which leaves it in the global run queue, where a
 // goroutine preempted between its Unlock and its next Lock also lands.
 // With GOMAXPROCS=1 a release yields every 64 hand-offs (yieldEvery), so
 // this goroutine must run again within 64 grants; 256 leaves slack. Without
-// the yield, the count here was 72,000 to 500,000.
+// the yield, it waits for the chain to break by itself, orders of
+// magnitude longer.
 //
 // Under -race the runtime puts a woken goroutine in runnext only half the
 // time, which breaks the chain by itself, so this test can fail only in a

@@ -25,18 +25,59 @@ package debug
 import "github.com/fairlock/fairlock/internal/registry"
 
 // LockerState is one locker's state: its counters and its live keys,
-// longest held first. The JSON field names are stable; durations are
-// integer nanoseconds and times RFC 3339.
+// longest held first. (It is an alias of an internal type, so go doc
+// shows no fields; they are listed here.) The JSON field names are
+// stable; durations are integer nanoseconds and times RFC 3339.
+//
+//	Name             string        "name"              WithName's name, or generated
+//	Kind             string        "kind"              "Locker", "Semaphore" or "etcdlock.Locker"
+//	Time             time.Time     "time"              when the read ended
+//	Units            int64         "units"             a Semaphore's units per key; 0 (omitted) for a Locker
+//	Keys             int           "keys"              live keys: held or awaited
+//	Waiters          int           "waiters"           queued calls over all keys
+//	LongHeld         time.Duration "long_held_ns"      WithLongHeld's threshold; 0 if unset
+//	DoubleUnlocks    int64         "double_unlocks"    Unlocks of a Guard already unlocked
+//	Reentrant        int64         "reentrant"         calls refused with ErrReentrant
+//	DeadlocksRefused int64         "deadlocks_refused" calls refused with ErrDeadlock
+//	Held             []KeyState    "held"              live keys, longest held first, then by key, up to the limit
+//	Omitted          int           "omitted_keys"      live keys the limit left out of Held
+//
+// Each age was measured when its own shard was read, under that shard's
+// mutex, so none is negative.
 type LockerState = registry.LockerState
 
 // KeyState is one live key: its mode, its holders in grant order and its
-// waiters in queue order.
+// waiters in queue order. Its fields (JSON names in quotes):
+//
+//	Key      string        "key"         rendered by the locker: strings quoted, pointers as type and address, control characters escaped
+//	Mode     string        "mode"        the holders' mode: Exclusive, Shared or Units; "" while nobody holds the key
+//	Units    int64         "units"       the holders' units (Semaphore); 0, omitted, for a Locker
+//	HeldFor  time.Duration "held_for_ns" the age of the oldest grant among the holders
+//	LongHeld bool          "long_held"   HeldFor is past the locker's LongHeld threshold
+//	Holders  []HolderState "holders"     in the order they were granted
+//	Waiters  []WaiterState "waiters"     in the order they will be granted
 type KeyState = registry.KeyState
 
-// HolderState is one grant of a key: owner, fencing token, units, age.
+// HolderState is one grant of a key. Its fields (JSON names in quotes):
+//
+//	Owner    string        "owner"       e.g. "flow#3" or "goroutine#41"
+//	Token    uint64        "token"       the grant's fencing token (Guard.Token)
+//	Units    int64         "units"       Semaphore: units held; omitted if 0
+//	Since    time.Time     "since"       when it was granted
+//	For      time.Duration "held_for_ns" its age when read
+//	LongHeld bool          "long_held"   For is past the locker's LongHeld threshold
+//	Stack    []string      "stack"       the acquiring call's stack, innermost first, "function file:line" per frame; only with WithStacks
 type HolderState = registry.HolderState
 
-// WaiterState is one queued call: owner, mode or units, age.
+// WaiterState is one queued call. Its fields (JSON names in quotes):
+//
+//	Owner    string        "owner"       as in HolderState
+//	Mode     string        "mode"        what it waits for: Exclusive, Shared, Wait or Units
+//	Units    int64         "units"       Semaphore: units asked for; omitted if 0
+//	Since    time.Time     "since"       when it joined the queue
+//	For      time.Duration "wait_for_ns" its age when read
+//	LongWait bool          "long_wait"   For is past the locker's LongHeld threshold
+//	Stack    []string      "stack"       the call's stack; only with WithStacks
 type WaiterState = registry.WaiterState
 
 // The modes of KeyState, HolderState and WaiterState.

@@ -14,7 +14,9 @@ import (
 // longest held first, each with its holders and its waiters in queue
 // order. Long-held keys and long waits are marked "LONG". Keys are
 // rendered by the locker (strings quoted, control characters escaped), so
-// no key can forge a line. It returns the first write error.
+// no key can forge a line. It takes each locker's shard mutexes in turn
+// and allocates in proportion to the live keys; it returns the first
+// write error.
 //
 //	fairlock "orders" (Locker): 2 keys, 3 waiters, long-held after 100ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused
 //	  "order-17" exclusive, held 2.31s LONG

@@ -28,7 +28,8 @@ var knownParams = []string{"format", "limit", "locker"}
 //     "… N more keys left out" line under a locker that has more live keys
 //     than the limit;
 //   - format=json: a JSON array of LockerState (application/json), field
-//     names as tagged on LockerState, KeyState and WaiterState; a locker's
+//     names as listed on LockerState, KeyState, HolderState and
+//     WaiterState; a locker's
 //     omitted_keys counts the live keys left out of held;
 //   - limit=N: at most N keys per locker, the longest held first; N is a
 //     positive integer, 1000 when limit is absent;

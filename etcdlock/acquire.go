@@ -397,7 +397,7 @@ type MultiGuard struct {
 }
 
 // LockMany locks every key in keys for the owner of ctx, all or nothing:
-// the seed's multi-resource lock. Duplicate keys are locked once. Keys
+// fairlock.LockMany across processes. Duplicate keys are locked once. Keys
 // are locked one at a time in ascending order, each with Lock, so that two
 // LockMany calls (in any processes) can never deadlock each other: the
 // resource-ordering rule (Havender, 1968). Each key is waited for in FIFO

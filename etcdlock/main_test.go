@@ -27,8 +27,8 @@ func TestMain(m *testing.M) {
 }
 
 // testTTL is the lease TTL of the tests' Lockers: short, so that tests of
-// lost leases run fast, and two keep-alive periods above the slowest
-// scheduling hiccup seen under -race on a loaded 2-core machine.
+// lost leases run fast, yet long enough that a keep-alive (every TTL/3)
+// delayed by the race detector and a loaded machine still lands in time.
 const testTTL = 3 * time.Second
 
 // newLocker returns a Locker on client under prefix, closed by t.Cleanup

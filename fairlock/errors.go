@@ -13,11 +13,14 @@ import (
 // these or a context's error, so callers test with errors.Is.
 var (
 	// ErrReentrant: the caller's owner (see package owner) already holds the
-	// key. Lock and TryLock return it at once instead of deadlocking.
+	// key. Every call that asks for a key (Lock, RLock, Wait, Acquire,
+	// their Try forms, LockMany) returns it at once instead of deadlocking.
 	ErrReentrant = errors.New("fairlock: reentrant lock: the owner already holds the key")
-	// ErrWouldBlock: TryLock found the key held or with queued waiters.
+	// ErrWouldBlock: TryLock, TryRLock or TryAcquire found the key held in
+	// a way that excludes the call, or with queued waiters.
 	ErrWouldBlock = errors.New("fairlock: would block: the key is held or has waiters")
-	// ErrClosed: the Locker was closed before the call, or while it waited.
+	// ErrClosed: the Locker or Semaphore was closed before the call, or
+	// while it waited.
 	ErrClosed = errors.New("fairlock: locker closed")
 	// ErrDeadlock: with WithDeadlockDetection, waiting would have closed a
 	// cycle in the wait-for graph. The error is also a *DeadlockError.
@@ -25,7 +28,7 @@ var (
 	// ErrInvalidKey: the key is not equal to itself, because it is or
 	// holds a floating-point NaN. No call could ever find such a key again
 	// (Go maps treat NaN keys the same way), so its Unlock could not
-	// release it; Lock and TryLock refuse it at once instead.
+	// release it; every call refuses it at once instead.
 	ErrInvalidKey = errors.New("fairlock: invalid key: not equal to itself (a NaN)")
 	// ErrInvalidWeight: Semaphore.Acquire or TryAcquire asked for fewer
 	// than 1 unit or more than the Semaphore's n, which no grant could

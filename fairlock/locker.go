@@ -64,8 +64,7 @@ type Locker[K comparable] struct {
 }
 
 // New returns an open Locker for keys of type K. It allocates the shards
-// (WithShards) and, with WithDebug and WithLongHeld, starts one watchdog
-// goroutine. Keys are hashed with hash/maphash.Comparable: K must not be,
+// (WithShards) and, with WithLongHeld, starts one watchdog goroutine. Keys are hashed with hash/maphash.Comparable: K must not be,
 // or contain, an interface holding an uncomparable value, or calls panic
 // as a map would.
 //
@@ -98,7 +97,9 @@ func New[K comparable](opts ...Option) *Locker[K] {
 //
 // The returned error is a *LockError naming the key and owner; building
 // it allocates. A granted Lock allocates nothing when it does not wait,
-// and nothing beyond a recycled waiter when it does. On a key whose shard
+// and nothing beyond a recycled waiter when it does, but for the graph
+// check of WithDeadlockDetection and the stack of WithStacks. A nil ctx
+// panics, in every call of a Locker or Semaphore that takes one. On a key whose shard
 // (of WithShards) holds nothing else, and without WithDebug or
 // WithObserver, Lock is lock-free: one compare-and-swap and one atomic
 // store, without the shard mutex.
@@ -183,8 +184,9 @@ func (l *Locker[K]) TryRLock(ctx context.Context, key K) (Guard[K], error) {
 // returns nil), ErrReentrant at once if the owner holds key in any mode
 // (it would wait for itself), ErrClosed, ErrDeadlock with
 // WithDeadlockDetection, or ErrInvalidKey; the error is a *LockError with
-// Op "Wait". Waiters counts a queued Wait. An Observer hears nothing of
-// Wait calls: they acquire nothing. A Wait on a free key whose shard is
+// Op "Wait". Waiters counts a queued Wait, and so does the Waiters of an
+// Observer's Stats; otherwise an Observer hears nothing of Wait calls:
+// they acquire nothing. A Wait on a free key whose shard is
 // idle reads one atomic word and takes no mutex.
 func (l *Locker[K]) Wait(ctx context.Context, key K) error {
 	s, tag := l.t.shardOf(key)

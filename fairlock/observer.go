@@ -35,7 +35,7 @@ func (r Result) String() string {
 }
 
 // Results lists every Result in order; an Observer can build one attribute
-// set per result up front from it.
+// set per result up front from it. Each call allocates a new slice.
 func Results() []Result {
 	rs := make([]Result, numResults)
 	for i := range rs {

@@ -104,8 +104,9 @@ func WithStacks() Option {
 // been held for longer than d, and again at 2d, 4d, 8d… while it stays
 // held; a waiter queued longer than d is reported the same way. Debug
 // output flags such keys. It implies WithDebug and starts one watchdog
-// goroutine that wakes every d/4 (at least every millisecond, at most every
-// second) and stops on Close. Each wake-up visits only the shards that
+// goroutine that wakes every d/4, but no more often than once a
+// millisecond and at least once a second, and stops once a closed Locker
+// holds nothing. Each wake-up visits only the shards that
 // have live keys, so an idle Locker's watchdog costs next to nothing
 // however many shards it has. d <= 0 turns the watchdog off.
 func WithLongHeld(d time.Duration) Option {
@@ -123,8 +124,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // for a key, the key's holders are owners) and makes a call that would
 // wait return an error wrapping ErrDeadlock, also a *DeadlockError naming
 // the cycle, when waiting would close a cycle. Every holder counts, shared
-// ones included. Only calls that must wait pay for it: one extra mutex and
-// a graph walk. See docs/deadlocks.md for its limits.
+// ones included. The uncontended path does not pay for it; a call that
+// must wait takes one Locker-wide mutex and runs a graph reduction, linear
+// in the owners and edges it reaches, that allocates its arrays; grants
+// and releases of awaited keys update the graph under that mutex. See
+// docs/deadlocks.md for its limits.
 func WithDeadlockDetection() Option { return func(c *config) { c.deadlocks = true } }
 
 // WithKeyFormatter sets how the Locker renders keys in errors, debug

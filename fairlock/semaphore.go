@@ -28,8 +28,8 @@ type Semaphore[K comparable] struct {
 }
 
 // NewSemaphore returns an open Semaphore whose every key has n units. It
-// allocates the shards and, with WithDebug and WithLongHeld, starts one
-// watchdog goroutine (see New). It panics if n < 1.
+// allocates the shards and, with WithLongHeld, starts one watchdog
+// goroutine (see New). It panics if n < 1.
 func NewSemaphore[K comparable](n int64, opts ...Option) *Semaphore[K] {
 	if n < 1 {
 		panic(fmt.Sprintf("fairlock: NewSemaphore with %d units; want at least 1", n))

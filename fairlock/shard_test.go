@@ -220,9 +220,9 @@ func TestEntrySize(t *testing.T) {
 }
 
 // TestWithShardsRoundsUpAndCaps: WithShards rounds n up to a power of two
-// and caps it at maxShards, whatever n is. Before the cap, WithShards(1<<40)
-// made New panic in makeslice, and a count above 1<<62 made the rounding
-// loop overflow to zero and New spin forever.
+// and caps it at maxShards, whatever n is: WithShards(1<<40) must not make
+// New panic in makeslice, nor a count above 1<<62 make the rounding loop
+// overflow to zero and spin forever.
 func TestWithShardsRoundsUpAndCaps(t *testing.T) {
 	for _, c := range []struct{ n, want int }{
 		{0, defaultShards()}, {-5, defaultShards()},

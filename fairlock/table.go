@@ -54,7 +54,7 @@ type table[K comparable] struct {
 	// that sees the table drained, or, if Close gave up waiting first,
 	// whoever drains it. See settleRelease.
 	released atomic.Uint32
-	closer   *closer       // what Close and an unreachable table's cleanup release
+	closer   *closer // what Close and an unreachable table's cleanup release
 }
 
 // lockerUnits is a Locker key's size: a Lock takes all of it, an RLock one
@@ -611,14 +611,14 @@ func (t *table[K]) close(ctx context.Context) error {
 // Close stuck on a holder can be looked into through debug output and
 // metrics, and every Release reaches the observer before Unregister.
 const (
-	closeGaveUp = 1 << iota // a Close returned on its ctx's end
-	tableDrained            // the last holder or waiter left a closed table
+	closeGaveUp  = 1 << iota // a Close returned on its ctx's end
+	tableDrained             // the last holder or waiter left a closed table
 )
 
 // settleRelease records ev and reports whether the other event had
 // already happened: then the caller releases the registrations.
 func (t *table[K]) settleRelease(ev uint32) bool {
-	other := uint32(closeGaveUp | tableDrained) &^ ev
+	other := uint32(closeGaveUp|tableDrained) &^ ev
 	return t.released.Or(ev)&other != 0
 }
 

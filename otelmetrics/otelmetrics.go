@@ -13,7 +13,10 @@
 //	fairlock.lock.waiters        Int64ObservableUpDownCounter {waiter}       fairlock.locker
 //
 // fairlock.result is one of acquired, reentrant, canceled,
-// deadline_exceeded, would_block, closed, deadlock, invalid_key. Keys are
+// deadline_exceeded, would_block, closed, deadlock, invalid_key,
+// invalid_weight (fairlock.Results). Wait calls are not in the counter or
+// the wait histogram (they acquire nothing), but a queued Wait counts in
+// fairlock.lock.waiters. Keys are
 // never attributes: their cardinality is unbounded. Attribute sets are
 // built once per Locker and result, so recording allocates nothing per
 // operation in this package.
@@ -78,13 +81,13 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 	var err error
 	if o.acquisitions, err = m.Int64Counter("fairlock.lock.acquisitions",
 		metric.WithUnit("{acquisition}"),
-		metric.WithDescription("The number of Lock and TryLock calls, by result."),
+		metric.WithDescription("The number of calls that asked for a key (Lock, RLock, Acquire and their Try forms), by result."),
 	); err != nil {
 		return nil, err
 	}
 	if o.wait, err = m.Float64Histogram("fairlock.lock.wait.duration",
 		metric.WithUnit("s"),
-		metric.WithDescription("The time Lock calls spent queued for a key, by result; calls that never queued record 0."),
+		metric.WithDescription("The time calls that asked for a key spent queued for it, by result; calls that never queued record 0."),
 		metric.WithExplicitBucketBoundaries(DurationBuckets...),
 	); err != nil {
 		return nil, err
@@ -104,7 +107,7 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 	}
 	if o.waiters, err = m.Int64ObservableUpDownCounter("fairlock.lock.waiters",
 		metric.WithUnit("{waiter}"),
-		metric.WithDescription("The number of Lock calls queued for a held key right now."),
+		metric.WithDescription("The number of calls queued for a held key right now (Lock, RLock, Acquire and Wait)."),
 	); err != nil {
 		return nil, err
 	}

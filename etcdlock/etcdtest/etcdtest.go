@@ -11,8 +11,8 @@
 //		...
 //	}
 //
-// Start takes about 50–100 ms: the server runs with a 10 ms heartbeat and
-// a 100 ms election timeout, so it elects itself at once. Its data
+// The server runs with a 10 ms heartbeat and a 100 ms election timeout,
+// so it elects itself at once. Its data
 // directory is tb.TempDir(); fsync stays on, so commit latencies are those
 // of a real single-node server on that disk.
 //
@@ -20,8 +20,8 @@
 // the advertised client port. Server.Stop cuts every client connection at
 // once, as a crash or a network failure would, instead of letting the
 // server's graceful stop hold open streams (watches, lease keep-alives)
-// for its 5 s request timeout; the relay costs each request a few tens of
-// microseconds.
+// for its 5 s request timeout; the relay adds one loopback hop to each
+// request.
 package etcdtest
 
 import (

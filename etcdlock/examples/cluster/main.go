@@ -16,7 +16,9 @@
 //
 //	go run ./examples/cluster
 //
-// It takes about 15 s and exits non-zero if a check fails.
+// It runs three phases (contention for -contend, 3 s by default, the hand-off rounds,
+// and a killed holder, which lasts one lease TTL) and exits non-zero if a
+// check fails.
 package main
 
 import (
