@@ -19,12 +19,15 @@ type DeadlockError struct {
 	// call: Cycle[i].Owner waits for Cycle[i].Key, which is held by
 	// Cycle[i+1].Owner; the last edge's key is held by Cycle[0].Owner.
 	//
-	// A Semaphore's check lets in waits that may still be served (a holder
-	// that can finish may give units back); if releases later leave such
-	// waits in a knot, a call that would wait behind it is refused too,
-	// though it is on no cycle. Cycle then runs from the refused call into
-	// the knot and around it: the last edge's key is held by the Owner of
-	// an earlier edge, the one where the cycle begins.
+	// A call can also be refused behind a knot it is not part of, a
+	// cycle that no check refused: a Semaphore's check lets in waits that
+	// may still be served (a holder that can finish may give units back),
+	// and a flow whose goroutines wait for two keys at once can be put in
+	// a cycle by grants (docs/deadlocks.md, Limits). A call that would
+	// wait behind such a knot is refused too, though it is on no cycle.
+	// Cycle then runs from the refused call into the knot and around it:
+	// the last edge's key is held by the Owner of an earlier edge, the
+	// one where the cycle begins, as Error says.
 	Cycle []WaitEdge
 
 	loop   int              // the edge whose Owner holds the last edge's key
