@@ -484,8 +484,12 @@ func (t *table[K]) fail(ctx context.Context, op string, key K, id owner.ID, err 
 func (g Guard[K]) release(report bool) bool {
 	s := g.s
 	t := s.t
-	tag, now := t.tagOf(g.key), t.now()
+	tag := t.tagOf(g.key)
 	s.lock()
+	// Read under the mutex: now stamps the grants this release hands on,
+	// and must not precede the arrival of a waiter that queued while this
+	// call waited for the mutex.
+	now := t.now()
 	e := s.find(g.key, tag)
 	if e == nil {
 		s.unlock()
