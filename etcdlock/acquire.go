@@ -387,7 +387,14 @@ func (l *Locker) cancel(g *Guard, err error) error {
 	delete(l.live, g)
 	g.state = released
 	l.mu.Unlock()
-	l.remove(g.name, g.rev)
+	// The call returns now, as its ctx asks, even if etcd is slow to
+	// answer: the deletion goes on in the background (Close waits for it,
+	// or cuts it short and revokes the lease).
+	l.wg.Add(1) // before Close's wg.Wait: Close waits for calls to end first
+	go func() {
+		defer l.wg.Done()
+		l.remove(g.name, g.rev)
+	}()
 	return err
 }
 

@@ -307,13 +307,17 @@ func (l *Locker) deleteKey(ctx context.Context, name string, rev int64) error {
 	return err
 }
 
-// remove deletes a call's key now, on a detached context (a cancelled
-// call's context must not stop its cleanup: the failure mode of
-// etcd-io/etcd#18082), and hands it to the janitor if that fails.
+// remove deletes a call's key now, on the Locker's background context,
+// not the call's (a cancelled call's context must not stop its cleanup:
+// the failure mode of etcd-io/etcd#18082), and hands it to the janitor if
+// that fails. Close ends the background context once calls have ended;
+// its revoke and last sweep then take over.
 func (l *Locker) remove(name string, rev int64) {
-	if err := l.deleteKey(context.Background(), name, rev); err != nil {
-		l.logger.Warn("etcdlock: could not delete a key; retrying in the background",
-			"locker", l.name, "key", name, "error", err)
+	if err := l.deleteKey(l.bg, name, rev); err != nil {
+		if l.bg.Err() == nil {
+			l.logger.Warn("etcdlock: could not delete a key; retrying in the background",
+				"locker", l.name, "key", name, "error", err)
+		}
 		l.janitorAdd(name, rev)
 	}
 }

@@ -211,3 +211,36 @@ func TestCloseIsBoundedWithEtcdDown(t *testing.T) {
 		t.Fatalf("Close with a 1 s ctx and etcd down took %v (%d deletions left to the janitor)", took.Round(time.Millisecond), n)
 	}
 }
+
+// TestCancelledWaitReturnsWithEtcdDown: a queued Lock whose ctx ends
+// while etcd does not answer returns at its deadline, not after its key's
+// deletion (which goes on in the background, bounded by 5 s).
+func TestCancelledWaitReturnsWithEtcdDown(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	c := srv.Client(t)
+	l, err := etcdlock.New(c, "/late", etcdlock.WithTTL(testTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := l.Lock(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(owner.NewContext(ctx))
+	done := make(chan error, 1)
+	go func() { _, err := l.Lock(wctx, "k"); done <- err }()
+	waitKeys(t, c, "/late/", 2, 5*time.Second)
+	srv.Stop()
+	start := time.Now()
+	cancel()
+	err = <-done
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a cancelled waiter returned %v after its cancel, with etcd down", took.Round(time.Millisecond))
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("the waiter: %v, want context.Canceled", err)
+	}
+	cctx, cancelClose := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelClose()
+	_ = l.Close(cctx) // the grant is still held: Close gives up and revokes
+}
