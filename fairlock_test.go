@@ -459,6 +459,100 @@ func TestCloseStaysVisibleUntilDrained(t *testing.T) {
 	}
 }
 
+// slowObserver records, after a pause, whether each report came after
+// Unregister: a recorder slower than Close must still hear every Release
+// first.
+type slowObserver struct {
+	mu           sync.Mutex
+	unregistered bool
+	late         []string
+}
+
+func (o *slowObserver) Register(string, func() fairlock.Stats) fairlock.LockerObserver { return o }
+func (o *slowObserver) Acquire(fairlock.Result, time.Duration)                         {}
+func (o *slowObserver) Release(time.Duration) {
+	time.Sleep(2 * time.Millisecond)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.unregistered {
+		o.late = append(o.late, "Release")
+	}
+}
+func (o *slowObserver) Unregister() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.unregistered = true
+}
+func (o *slowObserver) state() (unregistered bool, late []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.unregistered, o.late
+}
+
+// TestObserverHearsEveryReleaseBeforeUnregister: the last Unlock's Release
+// reaches the observer before Unregister, whether Close is still waiting
+// for it or gave up before it.
+func TestObserverHearsEveryReleaseBeforeUnregister(t *testing.T) {
+	for _, gaveUp := range []bool{false, true} {
+		o := &slowObserver{}
+		l := fairlock.New[int](fairlock.WithObserver(o))
+		ctx := context.Background()
+		g, _ := l.Lock(ctx, 1)
+		closed := make(chan error, 1)
+		if gaveUp {
+			short, cancel := context.WithTimeout(ctx, time.Millisecond)
+			if err := l.Close(short); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Close with a holder: %v", err)
+			}
+			cancel()
+		} else {
+			go func() { closed <- l.Close(ctx) }()
+			for { // until Close has begun
+				g2, err := l.TryLock(ctx, 2)
+				if err != nil {
+					break
+				}
+				g2.Unlock()
+			}
+		}
+		g.Unlock()
+		if !gaveUp {
+			if err := <-closed; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			unregistered, late := o.state()
+			if unregistered {
+				if len(late) > 0 {
+					t.Errorf("Close gave up %v: after Unregister the observer heard %v", gaveUp, late)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Close gave up %v: not unregistered 10 s after the last Unlock", gaveUp)
+			}
+		}
+	}
+}
+
+// TestCloseThatGivesUpStopsTheWatchdog: Close stops the goroutine the
+// Locker started even when it gives up waiting for a holder.
+func TestCloseThatGivesUpStopsTheWatchdog(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	l := fairlock.New[int](fairlock.WithLongHeld(time.Hour))
+	g, _ := l.Lock(context.Background(), 1)
+	defer g.Unlock()
+	short, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := l.Close(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a holder: %v", err)
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("after a Close that gave up: %v", err)
+	}
+}
+
 func TestErrorsNameTheKey(t *testing.T) {
 	ctx := context.Background()
 	l := fairlock.New[string]()

@@ -19,8 +19,8 @@ import (
 // the table, so that a table dropped without Close can be collected.
 type debugState struct {
 	longHeld   time.Duration // 0: no watchdog
-	unregister func()
-	quit       chan struct{} // closed by stop
+	unregister func()        // from the debug registry; safe to call twice
+	quit       chan struct{} // closed by stopWatchdog
 	wake       chan struct{} // the first live key since the watchdog slept
 	done       sync.WaitGroup
 	stopOnce   sync.Once
@@ -41,10 +41,9 @@ func startDebug[K comparable](t *table[K], cfg config) {
 	}
 }
 
-// stop unregisters the table and waits for the watchdog to exit.
-func (d *debugState) stop() {
+// stopWatchdog stops the watchdog and waits for it to exit.
+func (d *debugState) stopWatchdog() {
 	d.stopOnce.Do(func() {
-		d.unregister()
 		close(d.quit)
 		d.done.Wait()
 	})

@@ -215,11 +215,12 @@ func (l *Locker[K]) Len() int { return l.t.Len() }
 // waiters (Lock, RLock, Wait) wake with ErrClosed at once. Close then
 // waits until every holder has unlocked or ctx is done, whichever comes
 // first; on ctx's end it returns an error wrapping ctx's error and naming
-// how many keys are still held (they may still be unlocked later). Once
-// no key is held, it stops the Locker's watchdog goroutine and unregisters
-// it from package debug and its Observer; until then the Locker stays in
-// debug output and metrics, so that a Close stuck on a holder can be
-// looked into, and if Close gave up, the last Unlock releases them (on a
+// how many keys are still held (they may still be unlocked later). It
+// stops the Locker's watchdog goroutine at once. Once no key is held, it
+// unregisters the Locker from package debug and its Observer (after the
+// Observer has heard every Unlock); until then the Locker stays in debug
+// output and metrics, so that a Close stuck on a holder can be looked
+// into, and if Close gave up, the last Unlock unregisters it (on a
 // goroutine of its own). Close is safe to call more than once and
 // concurrently; each call waits as described. A nil ctx means
 // context.Background.

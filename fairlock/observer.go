@@ -75,7 +75,10 @@ type LockerObserver interface {
 	Acquire(r Result, wait time.Duration)
 	// Release reports one Unlock and how long that grant was held.
 	Release(hold time.Duration)
-	// Unregister is called once, by Close or, for a Locker dropped without
-	// Close, by its cleanup: stats must not be called after it returns.
+	// Unregister is called once: after Close, once no key is held and
+	// every Release has been reported, or, for a Locker dropped without
+	// Close, by its cleanup. stats must not be called after it returns.
+	// A call made after Close that fails with ErrClosed may still report
+	// its Acquire around or after Unregister; a recorder must tolerate it.
 	Unregister()
 }

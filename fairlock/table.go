@@ -143,18 +143,29 @@ func (t *table[K]) init(kind string, size int64, opts []Option) {
 }
 
 // closer releases what a table registered outside itself: its debug
-// registration and watchdog, and its observer. Close calls release, and so
-// does the runtime once an unclosed table is unreachable.
+// registration and watchdog, and its observer. Close stops the watchdog at
+// once and releases the rest once the table is drained; the runtime
+// releases everything once an unclosed table is unreachable.
 type closer struct {
 	once sync.Once
 	obs  LockerObserver
 	dbg  *debugState
 }
 
+// stopWatchdog stops the watchdog goroutine, if any.
+func (c *closer) stopWatchdog() {
+	if c.dbg != nil {
+		c.dbg.stopWatchdog()
+	}
+}
+
+// release stops the watchdog and unregisters from the debug registry and
+// the observer, once.
 func (c *closer) release() {
 	c.once.Do(func() {
 		if c.dbg != nil {
-			c.dbg.stop()
+			c.dbg.stopWatchdog()
+			c.dbg.unregister()
 		}
 		if c.obs != nil {
 			c.obs.Unregister()
@@ -500,6 +511,14 @@ func (g Guard[K]) release(report bool) bool {
 		s.unlock()
 		return false
 	}
+	// On a closed shard this release may be the last: it keeps the table
+	// from counting as drained until the observer has heard it, so that
+	// Unregister comes after it. The shard still counts (e is live), so
+	// the count is above zero here.
+	holdDrain := s.closed && report && t.obs != nil
+	if holdDrain {
+		t.draining.Add(1)
+	}
 	s.dropIndexIfFew(e)
 	var grantedAt time.Time
 	if h.info != nil {
@@ -517,6 +536,9 @@ func (g Guard[K]) release(report bool) bool {
 	}
 	if report && t.obs != nil {
 		t.obs.Release(now.Sub(grantedAt))
+	}
+	if holdDrain {
+		t.shardDrained()
 	}
 	return true
 }
@@ -657,6 +679,7 @@ func (t *table[K]) closeShards() {
 		s.unlock()
 	}
 	signal(all.first)
+	t.closer.stopWatchdog()
 	t.shardDrained() // Close's own count
 }
 
