@@ -56,10 +56,10 @@ var knownParams = []string{"format", "limit", "locker"}
 // "{name...}" wildcard, such as "/debug/fairlock/", it serves the
 // pattern's own path only, not the paths below it that the pattern also
 // matches, with or without http.StripPrefix before or after the mux: it
-// compares the path the request came with (Request.RequestURI) with the
-// pattern. A path below the mount that repeats the pattern's own path
-// ("/d/d/" under "/d/") cannot be told from the own page of a mux nested
-// under a prefix, and is served. Reached without a pattern, it serves
+// compares the request's path, and the path it came with
+// (Request.RequestURI), with the pattern. Under a StripPrefix after the
+// mux, a path below the mount that repeats the pattern ("/d/d/" for "/d/"
+// stripped of "/d") is served. Reached without a pattern, it serves
 // paths that end in "/" and the empty path. A read takes each locker's shard mutexes
 // in turn; it allocates in proportion to the keys it shows.
 func Handler() http.Handler { return http.HandlerFunc(serve) }
@@ -148,17 +148,16 @@ func notFound(name string) string {
 
 // ownPath reports whether r asks for the handler's own page rather than a
 // path below it. A ServeMux pattern that ends in "/" (or in a "{name...}"
-// wildcard) matches every path under it, so the path the request came in
-// with (r.RequestURI, which http.StripPrefix leaves alone, unlike r.URL)
-// must end with the pattern's own path: a StripPrefix before the mux (a
-// mux nested under a prefix) cuts segments off the front, which the
-// comparison from the end ignores, and one after the mux changes nothing
-// it reads. Segments are compared unescaped, a wildcard segment ("{id}")
-// matching any one segment. A pattern that does not end in "/" matched
-// the path exactly. Without a pattern, the path must end in "/" or be
-// empty. One request is read both ways: when the path below the mount
-// repeats the pattern's own path ("/d/" mounted with StripPrefix("/d")
-// and asked for "/d/d/"), it is served.
+// wildcard) matches every path under it, so the path must be the
+// pattern's own: either r.URL.Path is (the mux matched it, possibly after
+// a StripPrefix or a rewrite before the mux), or the path the request
+// came with, r.RequestURI, is and r.URL.Path is what a StripPrefix after
+// the mux left of it. Segments are compared unescaped, a wildcard segment
+// ("{id}") matching any one segment. A pattern that does not end in "/"
+// matched the path exactly. Without a pattern, the path must end in "/"
+// or be empty. One request is read both ways: when the path below a
+// StripPrefix mount repeats the pattern ("/d/d/" for "/d/" stripped of
+// "/d"), it is served.
 func ownPath(r *http.Request) bool {
 	pattern := patternPath(r.Pattern)
 	if pattern == "" {
@@ -171,14 +170,24 @@ func ownPath(r *http.Request) bool {
 		return true // an exact pattern
 	}
 	path := r.URL.EscapedPath()
-	if u, err := url.ParseRequestURI(r.RequestURI); r.RequestURI != "" && err == nil {
-		path = u.EscapedPath()
+	if matchesPattern(path, patSegs) {
+		return true
 	}
-	reqSegs := strings.Split(strings.TrimPrefix(path, "/"), "/")
-	if len(reqSegs) < len(patSegs) {
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if r.RequestURI == "" || err != nil {
 		return false
 	}
-	reqSegs = reqSegs[len(reqSegs)-len(patSegs):]
+	orig := u.EscapedPath()
+	return strings.HasSuffix(orig, path) && matchesPattern(orig, patSegs)
+}
+
+// matchesPattern reports whether path has the pattern's segments, as many
+// and each equal (unescaped), a wildcard segment matching any one.
+func matchesPattern(path string, patSegs []string) bool {
+	reqSegs := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(reqSegs) != len(patSegs) {
+		return false
+	}
 	for i, ps := range patSegs {
 		if len(ps) > 2 && ps[0] == '{' && ps[len(ps)-1] == '}' {
 			continue // a wildcard: any one segment

@@ -236,6 +236,19 @@ func TestHandlerServesOnlyItsOwnPath(t *testing.T) {
 	inner := http.NewServeMux()
 	inner.Handle("/locks/", debug.Handler())
 	mux.Handle("/admin/", http.StripPrefix("/admin", inner))
+	root := http.NewServeMux()
+	root.Handle("/", debug.Handler())
+	hosted := http.NewServeMux()
+	hosted.Handle("example.com/", debug.Handler())
+	innerRoot := http.NewServeMux()
+	innerRoot.Handle("/", debug.Handler())
+	mux.Handle("/nested/", http.StripPrefix("/nested", innerRoot))
+	alias := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/locks" { // a rewrite before the mux
+			r.URL.Path = "/debug/fairlock/"
+		}
+		mux.ServeHTTP(w, r)
+	})
 	direct := debug.Handler()
 	for _, tc := range []struct {
 		h      http.Handler
@@ -263,6 +276,14 @@ func TestHandlerServesOnlyItsOwnPath(t *testing.T) {
 		{mux, "/rest/x/y/", 404},
 		{mux, "/admin/locks/", 200},
 		{mux, "/admin/locks/x/", 404},
+		{root, "/", 200},
+		{root, "/anything/", 404},
+		{root, "/a/b/", 404},
+		{hosted, "http://example.com/", 200},
+		{hosted, "http://example.com/x/", 404},
+		{mux, "/nested/", 200},
+		{mux, "/nested/x/", 404},
+		{alias, "/locks", 200},
 		{mux, "/exact", 200},
 		{mux, "/exact-dir/", 200},
 		{direct, "/any/mount/", 200},
