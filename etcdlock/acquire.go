@@ -107,7 +107,11 @@ func (l *Locker) acquire(ctx context.Context, op string, k kind, key string) (*G
 		if g != nil && k == kindLock {
 			waited = time.Since(g.since)
 		}
-		l.obs.Acquire(resultOf(err), waited)
+		l.obsMu.RLock()
+		if !l.obsGone {
+			l.obs.Acquire(resultOf(err), waited)
+		}
+		l.obsMu.RUnlock()
 	}
 	if err != nil {
 		return nil, lockError(op, key, id, err)
@@ -387,14 +391,11 @@ func (l *Locker) cancel(g *Guard, err error) error {
 	delete(l.live, g)
 	g.state = released
 	l.mu.Unlock()
-	// The call returns now, as its ctx asks, even if etcd is slow to
-	// answer: the deletion goes on in the background (Close waits for it,
-	// or cuts it short and revokes the lease).
-	l.wg.Add(1) // before Close's wg.Wait: Close waits for calls to end first
-	go func() {
-		defer l.wg.Done()
-		l.remove(g.name, g.rev)
-	}()
+	// The key goes before the call returns (the prefix is empty once every
+	// call has returned and every grant is released), on a context of its
+	// own bounded by cleanupTimeout: with etcd down a cancelled call
+	// returns after that bound, not at its ctx's end.
+	l.remove(g.name, g.rev)
 	return err
 }
 

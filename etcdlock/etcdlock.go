@@ -88,15 +88,17 @@ var lockers atomic.Int64
 // enqueueing transaction and per abandoned lease being revoked. Close
 // stops them all.
 type Locker struct {
-	client *clientv3.Client
-	prefix string // as given to New
-	root   string // rootOf(prefix): every etcd key of the Locker starts with it
-	name   string
-	ttl    time.Duration // asked of the server: the option rounded up to whole seconds
-	logger *slog.Logger
-	value  string // "host:pid ": the start of every key's value
-	obs    fairlock.LockerObserver
-	unreg  func() // removes the Locker from the debug registry; nil without WithDebug
+	client  *clientv3.Client
+	prefix  string // as given to New
+	root    string // rootOf(prefix): every etcd key of the Locker starts with it
+	name    string
+	ttl     time.Duration // asked of the server: the option rounded up to whole seconds
+	logger  *slog.Logger
+	value   string // "host:pid ": the start of every key's value
+	obs     fairlock.LockerObserver
+	obsMu   sync.RWMutex // read-held around each report to obs; see Close
+	obsGone bool         // guarded by obsMu: Close unregistered obs
+	unreg   func()       // removes the Locker from the debug registry; nil without WithDebug
 
 	seq atomic.Uint64 // numbers the etcd keys this Locker writes
 
@@ -295,6 +297,11 @@ func (l *Locker) Close(ctx context.Context) error {
 		l.unreg()
 	}
 	if l.obs != nil {
+		// No report is in flight once obsGone is set: the observer hears
+		// nothing after Unregister.
+		l.obsMu.Lock()
+		l.obsGone = true
+		l.obsMu.Unlock()
 		l.obs.Unregister()
 	}
 	return errors.Join(errs...)

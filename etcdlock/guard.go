@@ -172,11 +172,11 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	l.mu.Unlock()
 
 	var err error
-	gone, afterClose := false, false
+	gone := false
 	select {
 	case <-l.closed:
 		// Close revoked the lease and lost every grant: nothing to delete.
-		gone, afterClose = true, true
+		gone = true
 	default:
 		var resp *clientv3.TxnResponse
 		resp, err = l.client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpDelete(g.name)).Commit()
@@ -200,8 +200,12 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	hold := now.Sub(g.granted)
 	l.signalIdle()
 	l.mu.Unlock()
-	if l.obs != nil && !afterClose {
-		l.obs.Release(hold) // not after Close unregistered the observer
+	if l.obs != nil {
+		l.obsMu.RLock()
+		if !l.obsGone {
+			l.obs.Release(hold)
+		}
+		l.obsMu.RUnlock()
 	}
 	switch {
 	case err != nil:

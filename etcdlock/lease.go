@@ -191,8 +191,13 @@ func (l *Locker) keepAlive(ls *lease) string {
 func (l *Locker) revokeAbandoned(ls *lease) {
 	giveUp := time.Now().Add(2 * ls.ttl)
 	retry := newBackoff()
-	for l.revoke(ls) != nil && time.Now().Before(giveUp) {
-		if !retry.wait(l.bg) {
+	for {
+		// On the background context: Close ends a try in progress (it
+		// waits for this goroutine), and its own revoke takes over.
+		ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
+		err := l.revokeWith(ctx, ls)
+		cancel()
+		if err == nil || !time.Now().Before(giveUp) || !retry.wait(l.bg) {
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,35 +213,115 @@ func TestCloseIsBoundedWithEtcdDown(t *testing.T) {
 	}
 }
 
-// TestCancelledWaitReturnsWithEtcdDown: a queued Lock whose ctx ends
-// while etcd does not answer returns at its deadline, not after its key's
-// deletion (which goes on in the background, bounded by 5 s).
-func TestCancelledWaitReturnsWithEtcdDown(t *testing.T) {
+// TestCloseIsBoundedAfterLeaseLost: with etcd down long enough that the
+// Locker abandons its lease (its grants are lost) and keeps trying to
+// revoke it, and a cancelled waiter's key left to the janitor, Close
+// still returns within its ctx plus the 5 s bound: the abandoned lease's
+// revoke ends when Close begins.
+func TestCloseIsBoundedAfterLeaseLost(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	c := srv.Client(t)
-	l, err := etcdlock.New(c, "/late", etcdlock.WithTTL(testTTL))
+	l, err := etcdlock.New(c, "/abandoned", etcdlock.WithTTL(testTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := l.Lock(ctx, "k"); err != nil {
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(owner.NewContext(ctx))
-	done := make(chan error, 1)
-	go func() { _, err := l.Lock(wctx, "k"); done <- err }()
-	waitKeys(t, c, "/late/", 2, 5*time.Second)
+	wctx, cancelWaiter := context.WithCancel(owner.NewContext(ctx))
+	waiter := make(chan error, 1)
+	go func() { _, err := l.Lock(wctx, "k"); waiter <- err }()
+	waitKeys(t, c, "/abandoned/", 2, 5*time.Second)
 	srv.Stop()
+	cancelWaiter() // its key's deletion fails and is left to the janitor
+	if err := <-waiter; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiter: %v", err)
+	}
+	select {
+	case <-g.Lost(): // the renewal deadline passed: the lease is abandoned
+	case <-time.After(4 * testTTL):
+		t.Fatal("the grant was not lost with etcd down for four TTLs")
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	start := time.Now()
-	cancel()
-	err = <-done
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("a cancelled waiter returned %v after its cancel, with etcd down", took.Round(time.Millisecond))
+	_ = l.Close(cctx)
+	// 1 s of ctx and 5 s for the revoke and the last deletions, all timed
+	// by timers, and 1 s of slack; an abandoned lease's revoke left
+	// running would add most of another 5 s.
+	if took := time.Since(start); took > 7*time.Second {
+		t.Fatalf("Close with a 1 s ctx, after the lease was abandoned with etcd down, took %v", took.Round(time.Millisecond))
 	}
-	if !errors.Is(err, context.Canceled) {
-		t.Errorf("the waiter: %v, want context.Canceled", err)
+}
+
+// lateObserver notes any Release it hears after Unregister.
+type lateObserver struct {
+	mu           sync.Mutex
+	unregistered bool
+	late         int
+}
+
+func (o *lateObserver) Register(string, func() fairlock.Stats) fairlock.LockerObserver { return o }
+func (o *lateObserver) Acquire(fairlock.Result, time.Duration)                         {}
+func (o *lateObserver) Release(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.unregistered {
+		o.late++
 	}
-	cctx, cancelClose := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancelClose()
-	_ = l.Close(cctx) // the grant is still held: Close gives up and revokes
+}
+func (o *lateObserver) Unregister() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.unregistered = true
+}
+
+// TestUnlockDuringCloseIsNotReportedLate: an Unlock whose deletion is in
+// flight while Close gives up and unregisters the observer does not
+// report its Release to the observer afterwards.
+func TestUnlockDuringCloseIsNotReportedLate(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	holdDeletes := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		tr, ok := req.(*etcdserverpb.TxnRequest)
+		if ok && len(tr.Success) == 1 && tr.Success[0].GetRequestDeleteRange() != nil && held.CompareAndSwap(false, true) {
+			close(entered)
+			<-release // only the first deletion: the Unlock's
+		}
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(holdDeletes)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	o := &lateObserver{}
+	l, err := etcdlock.New(c, "/unlockclose", etcdlock.WithTTL(testTTL), etcdlock.WithObserver(o))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- g.Unlock(ctx) }()
+	<-entered // the Unlock's deletion is in flight
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_ = l.Close(cctx) // gives up on the grant and unregisters the observer
+	close(release)
+	<-unlocked
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.unregistered || o.late != 0 {
+		t.Fatalf("observer unregistered %v, %d Releases heard after Unregister; want true, 0", o.unregistered, o.late)
+	}
 }

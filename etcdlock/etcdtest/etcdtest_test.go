@@ -2,6 +2,7 @@ package etcdtest_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -115,5 +116,35 @@ func TestQuantile(t *testing.T) {
 	}
 	if got := etcdtest.Quantile(nil, 0.5); got != 0 {
 		t.Errorf("Quantile of nothing = %v", got)
+	}
+}
+
+// TestHandOffWaiterFails: a waiter that fails before it queues ends the
+// measurement with its error, at once, and the holder is unlocked.
+func TestHandOffWaiterFails(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	client := srv.Client(t)
+	s, err := concurrency.NewSession(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	holder := func(ctx context.Context) (func(), error) {
+		m := concurrency.NewMutex(s, "/q")
+		if err := m.Lock(ctx); err != nil {
+			return nil, err
+		}
+		return func() { _ = m.Unlock(context.Background()) }, nil
+	}
+	boom := errors.New("the waiter failed")
+	waiter := func(context.Context) (func(), error) { return nil, boom }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := etcdtest.HandOff(ctx, client, holder, waiter, "/q/"); !errors.Is(err, boom) {
+		t.Fatalf("HandOff with a waiter that fails at once: %v, want the waiter's error", err)
+	}
+	resp, err := client.Get(ctx, "/q/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 0 {
+		t.Fatalf("the holder's key is left: %v %v", resp, err)
 	}
 }

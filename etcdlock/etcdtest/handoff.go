@@ -2,6 +2,7 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,7 +18,9 @@ type LockFunc func(ctx context.Context) (unlock func(), err error)
 // holder unlocks. HandOff returns the time from the holder's unlock to the
 // waiter's grant, after unlocking the waiter too. It blocks until then and
 // returns the first error of either lock or of the Gets (count-only, on
-// client) by which it watches the queue fill.
+// client) by which it watches the queue fill; a waiter that fails, or is
+// granted, before the queue holds two keys ends the measurement with an
+// error.
 //
 // The lock must write one key per holder or waiter under queue, as
 // etcdlock and etcd's concurrency.Mutex do. It measures one lock at a
@@ -38,6 +41,16 @@ func HandOff(ctx context.Context, client *clientv3.Client, holder, waiter LockFu
 		granted <- result{u, time.Now(), err}
 	}()
 	for {
+		select {
+		case r := <-granted: // before the holder let go
+			unlock()
+			if r.err != nil {
+				return 0, r.err
+			}
+			r.unlock()
+			return 0, errors.New("etcdtest: HandOff: the waiter was granted while the holder held the lock")
+		default:
+		}
 		resp, err := client.Get(ctx, queue, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			unlock()
@@ -60,8 +73,9 @@ func HandOff(ctx context.Context, client *clientv3.Client, holder, waiter LockFu
 	return r.at.Sub(start), nil
 }
 
-// Quantile returns the q-quantile (0 ≤ q ≤ 1, nearest rank) of sorted, a
-// slice in increasing order; 0 for an empty one.
+// Quantile returns the q-quantile (0 ≤ q ≤ 1) of sorted, a slice in
+// increasing order: the value at rank q·n rounded to the nearest integer
+// (at least 1); 0 for an empty slice.
 func Quantile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
