@@ -724,6 +724,7 @@ type countingObserver struct {
 	acquired, released, reentrant, canceled, closed int
 	statsFn                                         func() fairlock.Stats
 	unregistered                                    bool
+	late                                            int // Releases heard after Unregister
 }
 
 func (o *countingObserver) stats() fairlock.Stats {
@@ -759,6 +760,9 @@ func (o *countingObserver) Release(time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.released++
+	if o.unregistered {
+		o.late++
+	}
 }
 
 func (o *countingObserver) Unregister() {

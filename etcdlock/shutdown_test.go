@@ -166,21 +166,31 @@ func TestCloseEndsAStalledQueueRead(t *testing.T) {
 	}
 }
 
+// holdOnOwnServer starts a server of the test's own (the test may stop
+// it), and a Locker on it under prefix that holds "k". The test closes
+// the Locker.
+func holdOnOwnServer(t *testing.T, prefix string) (*etcdtest.Server, *clientv3.Client, *etcdlock.Locker, *etcdlock.Guard) {
+	t.Helper()
+	srv := etcdtest.StartServer(t)
+	c := srv.Client(t)
+	l, err := etcdlock.New(c, prefix, etcdlock.WithTTL(testTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, c, l, g
+}
+
 // TestCloseIsBoundedWithEtcdDown: with etcd unreachable and deletions of
 // cancelled calls' keys left to the janitor, Close returns within its ctx
 // plus the 5 s bound of the lease's revoke, however many deletions are
 // left: they are not tried for 5 s each.
 func TestCloseIsBoundedWithEtcdDown(t *testing.T) {
-	srv := etcdtest.StartServer(t)
-	c := srv.Client(t)
-	l, err := etcdlock.New(c, "/down", etcdlock.WithTTL(testTTL))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, c, l, _ := holdOnOwnServer(t, "/down")
 	ctx := context.Background()
-	if _, err := l.Lock(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
 	const n = 3
 	errs := make(chan error, n)
 	for range n {
@@ -201,7 +211,7 @@ func TestCloseIsBoundedWithEtcdDown(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	start := time.Now()
-	err = l.Close(cctx)
+	err := l.Close(cctx)
 	took := time.Since(start)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Close with a grant held: %v, want DeadlineExceeded", err)
@@ -219,17 +229,8 @@ func TestCloseIsBoundedWithEtcdDown(t *testing.T) {
 // still returns within its ctx plus the 5 s bound: the abandoned lease's
 // revoke ends when Close begins.
 func TestCloseIsBoundedAfterLeaseLost(t *testing.T) {
-	srv := etcdtest.StartServer(t)
-	c := srv.Client(t)
-	l, err := etcdlock.New(c, "/abandoned", etcdlock.WithTTL(testTTL))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, c, l, g := holdOnOwnServer(t, "/abandoned")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
 	wctx, cancelWaiter := context.WithCancel(owner.NewContext(ctx))
 	waiter := make(chan error, 1)
 	go func() { _, err := l.Lock(wctx, "k"); waiter <- err }()
@@ -256,28 +257,6 @@ func TestCloseIsBoundedAfterLeaseLost(t *testing.T) {
 	}
 }
 
-// lateObserver notes any Release it hears after Unregister.
-type lateObserver struct {
-	mu           sync.Mutex
-	unregistered bool
-	late         int
-}
-
-func (o *lateObserver) Register(string, func() fairlock.Stats) fairlock.LockerObserver { return o }
-func (o *lateObserver) Acquire(fairlock.Result, time.Duration)                         {}
-func (o *lateObserver) Release(time.Duration) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.unregistered {
-		o.late++
-	}
-}
-func (o *lateObserver) Unregister() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.unregistered = true
-}
-
 // TestUnlockDuringCloseIsNotReportedLate: an Unlock whose deletion is in
 // flight while Close gives up and unregisters the observer does not
 // report its Release to the observer afterwards.
@@ -301,7 +280,7 @@ func TestUnlockDuringCloseIsNotReportedLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	o := &lateObserver{}
+	o := &countingObserver{}
 	l, err := etcdlock.New(c, "/unlockclose", etcdlock.WithTTL(testTTL), etcdlock.WithObserver(o))
 	if err != nil {
 		t.Fatal(err)
