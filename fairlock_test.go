@@ -372,7 +372,7 @@ func TestClose(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 		defer cancel()
 		err := l.Close(short)
-		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 keys still held") {
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 key still held") {
 			t.Fatalf("Close while held = %v, want DeadlineExceeded naming 1 held key", err)
 		}
 		for range 3 {

@@ -44,18 +44,18 @@ func writeText(w io.Writer, states []LockerState) error {
 func writeLocker(w io.Writer, st LockerState) {
 	fmt.Fprintf(w, "fairlock %q (%s", st.Name, st.Kind)
 	if st.Units > 0 {
-		fmt.Fprintf(w, " of %d units per key", st.Units)
+		fmt.Fprintf(w, " of %s per key", count(st.Units, "unit"))
 	}
-	fmt.Fprintf(w, "): %d keys, %d waiters", st.Keys, st.Waiters)
+	fmt.Fprintf(w, "): %s, %s", count(st.Keys, "key"), count(st.Waiters, "waiter"))
 	if st.LongHeld > 0 {
 		fmt.Fprintf(w, ", long-held after %v", st.LongHeld)
 	}
-	fmt.Fprintf(w, "; %d double unlocks, %d reentrant, %d deadlocks refused\n",
-		st.DoubleUnlocks, st.Reentrant, st.DeadlocksRefused)
+	fmt.Fprintf(w, "; %s, %d reentrant, %s refused\n",
+		count(st.DoubleUnlocks, "double unlock"), st.Reentrant, count(st.DeadlocksRefused, "deadlock"))
 	for _, k := range st.Held {
 		fmt.Fprintf(w, "  %s %s", k.Key, k.Mode)
 		if k.Units > 0 {
-			fmt.Fprintf(w, " %d of %d units", k.Units, st.Units)
+			fmt.Fprintf(w, " %d of %s", k.Units, count(st.Units, "unit"))
 		}
 		if len(k.Holders) > 0 {
 			fmt.Fprintf(w, ", held %s%s", human(k.HeldFor), mark(k.LongHeld))
@@ -64,7 +64,7 @@ func writeLocker(w io.Writer, st LockerState) {
 		for _, h := range k.Holders {
 			fmt.Fprintf(w, "      holder: %s token %d", h.Owner, h.Token)
 			if h.Units > 0 {
-				fmt.Fprintf(w, " %d units", h.Units)
+				fmt.Fprintf(w, " %s", count(h.Units, "unit"))
 			}
 			fmt.Fprintf(w, " for %s%s\n", human(h.For), mark(h.LongHeld))
 			writeStack(w, h.Stack)
@@ -72,14 +72,14 @@ func writeLocker(w io.Writer, st LockerState) {
 		for i, wt := range k.Waiters {
 			fmt.Fprintf(w, "      waiter %d: %s %s", i+1, wt.Owner, wt.Mode)
 			if wt.Units > 0 {
-				fmt.Fprintf(w, " %d units", wt.Units)
+				fmt.Fprintf(w, " %s", count(wt.Units, "unit"))
 			}
 			fmt.Fprintf(w, " waiting %s%s\n", human(wt.For), mark(wt.LongWait))
 			writeStack(w, wt.Stack)
 		}
 	}
 	if st.Omitted > 0 {
-		fmt.Fprintf(w, "  … %d more keys left out\n", st.Omitted)
+		fmt.Fprintf(w, "  … %d more %s left out\n", st.Omitted, noun(st.Omitted, "key"))
 	}
 }
 
@@ -87,6 +87,19 @@ func writeStack(w io.Writer, frames []string) {
 	for _, f := range frames {
 		fmt.Fprintf(w, "          %s\n", f)
 	}
+}
+
+// count writes n with its noun, singular for one: "1 key", "3 keys".
+func count[N ~int | ~int64 | ~uint64](n N, one string) string {
+	return fmt.Sprintf("%d %s", n, noun(n, one))
+}
+
+// noun is one for n == 1 and its plural (one + "s") otherwise.
+func noun[N ~int | ~int64 | ~uint64](n N, one string) string {
+	if n == 1 {
+		return one
+	}
+	return one + "s"
 }
 
 func mark(long bool) string {

@@ -629,7 +629,11 @@ func (t *table[K]) close(ctx context.Context) error {
 		t.closer.release() // drained in the meantime
 		return nil
 	}
-	return fmt.Errorf("fairlock: Close of %s: %d keys still held: %w", t.name, t.Len(), ctxerr.Of(ctx))
+	held, noun := t.Len(), "keys"
+	if held == 1 {
+		noun = "key"
+	}
+	return fmt.Errorf("fairlock: Close of %s: %d %s still held: %w", t.name, held, noun, ctxerr.Of(ctx))
 }
 
 // The two events after which a closing table's registrations (debug,
