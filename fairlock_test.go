@@ -361,6 +361,27 @@ func TestUnlockIsIdempotentAndStaleSafe(t *testing.T) {
 	})
 }
 
+// TestCloseErrorNamesTheLockerSafely: the error of a Close that gave up
+// names the Locker with its control characters escaped, as debug output
+// and keys are, so a name cannot forge a log line.
+func TestCloseErrorNamesTheLockerSafely(t *testing.T) {
+	l := fairlock.New[string](fairlock.WithName("orders\nfake: line"))
+	g, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	err = l.Close(short)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `Close of orders\nfake: line: 1 key still held`) {
+		t.Fatalf("Close = %q, want the name escaped and 1 key still held", err)
+	}
+	g.Unlock()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestClose(t *testing.T) {
 	forEachConfig(t, func(t *testing.T, c lockerConfig) {
 		ctx := context.Background()
@@ -572,18 +593,65 @@ func TestErrorsNameTheKey(t *testing.T) {
 	}
 }
 
+// TestNilContextPanics: every call that asks for a key panics on a nil
+// ctx, naming itself, and leaves no state behind.
 func TestNilContextPanics(t *testing.T) {
 	l := fairlock.New[string]()
-	defer func() {
-		if r := recover(); r == nil || !strings.Contains(r.(string), "nil context") {
-			t.Fatalf("Lock(nil) recovered %v, want a nil-context panic", r)
-		}
-		if l.Len() != 0 {
-			t.Fatal("a panicking Lock left state behind")
-		}
-	}()
-	//lint:ignore SA1012 testing the nil-context misuse
-	l.Lock(nil, "k")
+	s := fairlock.NewSemaphore[string](2)
+	var nilCtx context.Context // the misuse under test
+	calls := map[string]func(){
+		"Lock":               func() { l.Lock(nilCtx, "k") },
+		"TryLock":            func() { l.TryLock(nilCtx, "k") },
+		"RLock":              func() { l.RLock(nilCtx, "k") },
+		"TryRLock":           func() { l.TryRLock(nilCtx, "k") },
+		"Wait":               func() { l.Wait(nilCtx, "k") },
+		"LockMany":           func() { fairlock.LockMany(nilCtx, l, "a", "b") },
+		"LockMany (no keys)": func() { fairlock.LockMany[string](nilCtx, l) },
+		"Acquire":            func() { s.Acquire(nilCtx, "k", 1) },
+		"TryAcquire":         func() { s.TryAcquire(nilCtx, "k", 1) },
+	}
+	for name, call := range calls {
+		op, _, _ := strings.Cut(name, " ")
+		func() {
+			defer func() {
+				r := recover()
+				if msg, _ := r.(string); msg != "fairlock: "+op+" with a nil context" {
+					t.Errorf("%s(nil) recovered %v, want the panic %q", name, r, "fairlock: "+op+" with a nil context")
+				}
+			}()
+			call()
+		}()
+	}
+	if l.Len() != 0 || s.Len() != 0 {
+		t.Fatal("a panicking call left state behind")
+	}
+}
+
+// TestZeroValuePanicsClearly: the zero Locker and Semaphore are not
+// usable, and a call on one says so instead of failing on an index or a
+// nil pointer.
+func TestZeroValuePanicsClearly(t *testing.T) {
+	var l fairlock.Locker[string]
+	var s fairlock.Semaphore[string]
+	ctx := context.Background()
+	calls := map[string]func(){
+		"Lock":              func() { l.Lock(ctx, "k") },
+		"TryLock":           func() { l.TryLock(ctx, "k") },
+		"Locked":            func() { l.Locked("k") },
+		"Close":             func() { l.Close(ctx) },
+		"Semaphore.Acquire": func() { s.Acquire(ctx, "k", 1) },
+		"Semaphore.Close":   func() { s.Close(ctx) },
+	}
+	for name, call := range calls {
+		func() {
+			defer func() {
+				if msg, _ := recover().(string); !strings.Contains(msg, "not made by New or NewSemaphore") {
+					t.Errorf("%s on the zero value recovered %q, want a panic saying it was not made by New", name, msg)
+				}
+			}()
+			call()
+		}()
+	}
 }
 
 // TestMutualExclusionUnderLoad hammers a few keys with Lock and TryLock

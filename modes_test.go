@@ -529,18 +529,20 @@ func TestSemaphoreHeadOfLine(t *testing.T) {
 }
 
 // TestInvalidWeight: a request that no grant could satisfy is refused at
-// once, naming the key; a Semaphore of no units cannot be made.
+// once, naming the key, the weight asked for and the units per key; a
+// Semaphore of no units cannot be made.
 func TestInvalidWeight(t *testing.T) {
 	s := fairlock.NewSemaphore[string](3)
 	defer s.Close(context.Background())
 	ctx := context.Background()
 	for _, w := range []int64{0, -1, 4} {
 		_, err := s.Acquire(ctx, "k", w)
-		if !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.Contains(err.Error(), `Acquire "k"`) {
-			t.Errorf("Acquire(%d) of 3 units: %v, want ErrInvalidWeight naming the key", w, err)
+		detail := fmt.Sprintf("(asked for %d; the semaphore has 3 units per key)", w)
+		if !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.Contains(err.Error(), `Acquire "k"`) || !strings.HasSuffix(err.Error(), detail) {
+			t.Errorf("Acquire(%d) of 3 units: %v, want ErrInvalidWeight naming the key and ending %q", w, err, detail)
 		}
-		if _, err := s.TryAcquire(ctx, "k", w); !errors.Is(err, fairlock.ErrInvalidWeight) {
-			t.Errorf("TryAcquire(%d): %v", w, err)
+		if _, err := s.TryAcquire(ctx, "k", w); !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.HasSuffix(err.Error(), detail) {
+			t.Errorf("TryAcquire(%d): %v, want ErrInvalidWeight ending %q", w, err, detail)
 		}
 	}
 	if s.Len() != 0 {

@@ -64,7 +64,7 @@ func writeLocker(w io.Writer, st LockerState) {
 		for _, h := range k.Holders {
 			fmt.Fprintf(w, "      holder: %s token %d", h.Owner, h.Token)
 			if h.Units > 0 {
-				fmt.Fprintf(w, " %s", count(h.Units, "unit"))
+				fmt.Fprintf(w, " (%s)", count(h.Units, "unit"))
 			}
 			fmt.Fprintf(w, " for %s%s\n", human(h.For), mark(h.LongHeld))
 			writeStack(w, h.Stack)
@@ -72,7 +72,7 @@ func writeLocker(w io.Writer, st LockerState) {
 		for i, wt := range k.Waiters {
 			fmt.Fprintf(w, "      waiter %d: %s %s", i+1, wt.Owner, wt.Mode)
 			if wt.Units > 0 {
-				fmt.Fprintf(w, " %s", count(wt.Units, "unit"))
+				fmt.Fprintf(w, " (%s)", count(wt.Units, "unit"))
 			}
 			fmt.Fprintf(w, " waiting %s%s\n", human(wt.For), mark(wt.LongWait))
 			writeStack(w, wt.Stack)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,7 +325,8 @@ func TestSnapshotShowsModes(t *testing.T) {
 		k.Holders[0].Units != 2 || k.Holders[1].Units != 3 || k.Waiters[0].Units != 4 || k.Waiters[0].Mode != debug.Units {
 		t.Errorf("semaphore state %+v", st)
 	}
-	if text := dumpText(t); !strings.Contains(text, `fairlock "units" (Semaphore of 5 units per key): 1 key, 1 waiter;`) || !strings.Contains(text, `"k" units 5 of 5 units`) {
+	if text := dumpText(t); !strings.Contains(text, `fairlock "units" (Semaphore of 5 units per key): 1 key, 1 waiter;`) || !strings.Contains(text, `"k" units 5 of 5 units`) ||
+		!regexp.MustCompile(`holder: \S+ token \d+ \(2 units\) for `).MatchString(text) || !regexp.MustCompile(`waiter 1: \S+ units \(4 units\) waiting `).MatchString(text) {
 		t.Errorf("dump lacks the semaphore's units:\n%s", text)
 	}
 	r1.Unlock()

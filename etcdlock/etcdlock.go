@@ -134,7 +134,8 @@ type Locker struct {
 // that client talks to. Lockers in any number of processes that use the
 // same cluster and prefix exclude each other, key by key. prefix must not
 // be empty; one trailing '/' is implied ("locks" and "locks/" are the
-// same). Nothing but the Locker's keys may be written under it.
+// same), and one made only of slashes is refused. Nothing but the
+// Locker's keys may be written under it. A nil Option is ignored.
 //
 // New grants the Locker's lease (WithTTL) and starts its watch on the
 // prefix before it returns: two round trips, bounded by 10 s and by
@@ -146,11 +147,13 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 		return nil, errors.New("etcdlock: New: nil client")
 	}
 	if prefix == "" || rootOf(prefix) == "/" {
-		return nil, errors.New("etcdlock: New: empty prefix")
+		return nil, fmt.Errorf("etcdlock: New: prefix %q is empty or only slashes", prefix)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	if cfg.name == "" {
 		cfg.name = "etcdlock-" + strconv.FormatInt(lockers.Add(1), 10)
@@ -220,8 +223,12 @@ func ttlSeconds(d time.Duration) time.Duration {
 // Locked reports whether key has a holder or a queued call in any process
 // at this instant: whether its range under the prefix holds a key. It is
 // one linearizable read (a count, no keys transferred). It returns an
-// error wrapping the context's or etcd's error if the read fails.
+// error wrapping the context's or etcd's error if the read fails. A nil
+// ctx panics, as in Lock.
 func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
+	if ctx == nil {
+		panic("etcdlock: Locked with a nil context")
+	}
 	resp, err := l.client.Get(ctx, l.rangeOf(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return false, lockError("Locked", key, owner.Of(ctx), l.callError(ctx, err))
@@ -270,7 +277,11 @@ func (l *Locker) Close(ctx context.Context) error {
 	// Queued calls see l.closing, delete their keys and return.
 	var errs []error
 	if held := l.waitIdle(ctx); held > 0 {
-		errs = append(errs, fmt.Errorf("etcdlock: Close: %d grants still held, now lost: %w", held, ctxerr.Of(ctx)))
+		noun := "grants"
+		if held == 1 {
+			noun = "grant"
+		}
+		errs = append(errs, fmt.Errorf("etcdlock: Close: %d %s still held, now lost: %w", held, noun, ctxerr.Of(ctx)))
 	}
 	l.stopBg()
 	l.wg.Wait()

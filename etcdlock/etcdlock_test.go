@@ -59,6 +59,37 @@ func TestLockUnlock(t *testing.T) {
 	}
 }
 
+// TestMisuse: New refuses a nil client and a prefix that is empty or only
+// slashes, naming it, and ignores a nil Option as fairlock.New does;
+// Locked with a nil ctx panics naming the call.
+func TestMisuse(t *testing.T) {
+	c := startClient(t)
+	if _, err := etcdlock.New(nil, "/t"); err == nil || !strings.Contains(err.Error(), "nil client") {
+		t.Errorf("New(nil client): %v", err)
+	}
+	for _, prefix := range []string{"", "/", "///"} {
+		if _, err := etcdlock.New(c, prefix); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("prefix %q", prefix)) {
+			t.Errorf("New(%q): %v, want an error naming the prefix", prefix, err)
+		}
+	}
+	l := newLocker(t, c, "/misuse", nil)
+	ctx := context.Background()
+	g, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatalf("Lock on a Locker made with a nil Option: %v", err)
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if r := recover(); r != "etcdlock: Locked with a nil context" {
+			t.Fatalf("Locked(nil) recovered %v", r)
+		}
+	}()
+	var nilCtx context.Context // the misuse under test
+	l.Locked(nilCtx, "k")
+}
+
 // TestFIFO queues waiters in a known order (each waiter's key is seen in
 // etcd before the next one starts) and checks that they are granted in
 // that order with increasing tokens.
@@ -667,7 +698,7 @@ func TestDebugAndObserver(t *testing.T) {
 	// short ctx it reports it.
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
-	if err := l.Close(cctx); err == nil || !strings.Contains(err.Error(), "1 grants still held") {
+	if err := l.Close(cctx); err == nil || !strings.Contains(err.Error(), "1 grant still held") {
 		t.Fatalf("Close with a holder: %v", err)
 	}
 	if !obs.unregistered || len(registry.Snapshot("dbg-test", 0)) != 0 {

@@ -129,7 +129,7 @@ func (g *Guard) IsOwner() clientv3.Cmp {
 // grant's, so it deletes only this grant's key, never a later grant's,
 // even if retried late (the failure of etcd-io/etcd#22082). The next
 // waiter is granted when the deletion is committed. It is one round trip,
-// made with ctx.
+// made with ctx; a nil ctx means context.Background.
 //
 // Unlock is idempotent: a second Unlock of the Guard does nothing and
 // returns nil, whoever holds the key by then. It returns an error

@@ -36,24 +36,30 @@ var (
 	ErrInvalidWeight = errors.New("fairlock: invalid weight: want 1 to the semaphore's units")
 )
 
-// LockError is the error every call of a Locker or Semaphore returns. It
+// LockError is the error every call of a Locker or Semaphore that asks
+// for a key returns (Close returns a plain error naming the Locker and
+// wrapping ctx's), and the error of every etcdlock call on a key. It
 // names the operation, the key and the owner, and unwraps to a sentinel
 // (ErrReentrant, ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey,
 // ErrInvalidWeight) or to the context's error (context.Canceled,
 // context.DeadlineExceeded, or a cause set with context.WithCancelCause).
 type LockError struct {
 	// Op is the call: "Lock", "TryLock", "RLock", "TryRLock", "Wait",
-	// "Acquire", "TryAcquire" or "LockMany".
+	// "Acquire", "TryAcquire" or "LockMany"; from etcdlock also "Unlock"
+	// (a lost grant, or a release that failed) and "Locked".
 	Op    string
 	Key   any      // the key the call was for; nil for LockMany with no keys
 	Owner owner.ID // the caller's owner
 	Err   error    // the sentinel or context error
 
 	render func(any) string // the Locker's key renderer; nil: renderKey
+	detail string           // what the call asked for, when that is the fault
 }
 
 // Error returns a message of the form
-// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`. The key
+// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`; for
+// ErrInvalidWeight it ends with the weight asked for and the units per
+// key: `... (asked for 4; the semaphore has 3 units per key)`. The key
 // is rendered as in debug output: string keys quoted, pointer keys as type
 // and address (or by the Locker's WithKeyFormatter), control characters
 // escaped.
@@ -78,6 +84,11 @@ func (e *LockError) Error() string {
 	}
 	b.WriteString(": ")
 	b.WriteString(strings.TrimPrefix(e.Err.Error(), "fairlock: "))
+	if e.detail != "" {
+		b.WriteString(" (")
+		b.WriteString(e.detail)
+		b.WriteByte(')')
+	}
 	return b.String()
 }
 

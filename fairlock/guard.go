@@ -1,8 +1,9 @@
 package fairlock
 
 // Guard is a grant of one key, returned by Lock, RLock, TryLock, TryRLock,
-// Acquire and TryAcquire. It is a small value (no allocation); copies of it
-// are the same grant. The zero Guard holds nothing.
+// Acquire and TryAcquire. It is a value of two words and a K, passed
+// without allocation; copies of it are the same grant. The zero Guard
+// holds nothing.
 type Guard[K comparable] struct {
 	s   *shard[K] // nil for the zero Guard
 	gen uint64    // the grant's token: unique in its shard, so in its key

@@ -33,7 +33,10 @@
 // out a lock-free grant of the same shard caught between its two
 // publishing stores (yielding, then sleeping briefly if that grant's
 // goroutine was preempted there). Neither allocates
-// with debug and observer off. A call that must wait allocates nothing
+// with debug and observer off, as long as a key's entry can be recycled:
+// a shard keeps up to 16 entries for reuse, so a shard with more keys live
+// at once allocates an entry for each key beyond those. A call that must
+// wait allocates nothing
 // either once the package has warmed up (waiters are recycled), except
 // with WithDeadlockDetection, whose check of each waiting call allocates
 // its graph arrays, and WithStacks, which records each call's stack. A
@@ -98,8 +101,10 @@ func New[K comparable](opts ...Option) *Locker[K] {
 // The returned error is a *LockError naming the key and owner; building
 // it allocates. A granted Lock allocates nothing when it does not wait,
 // and nothing beyond a recycled waiter when it does, but for the graph
-// check of WithDeadlockDetection and the stack of WithStacks. A nil ctx
-// panics, in every call of a Locker or Semaphore that takes one. On a key whose shard
+// check of WithDeadlockDetection, the stack of WithStacks, and the key's
+// entry on a shard with more than 16 keys live at once (see Costs in the
+// package doc). A nil ctx panics, as in every call that asks for a key;
+// Close takes nil as context.Background. On a key whose shard
 // (of WithShards) holds nothing else, and without WithDebug or
 // WithObserver, Lock is lock-free: one compare-and-swap and one atomic
 // store, without the shard mutex.
@@ -198,7 +203,8 @@ func (l *Locker[K]) Wait(ctx context.Context, key K) error {
 }
 
 // Locked reports whether key is held, in any mode, at this instant. It
-// takes one shard mutex and allocates nothing.
+// takes one shard mutex and allocates nothing. A key that is not equal to
+// itself (a NaN) is never held: Locked returns false and Waiters 0.
 func (l *Locker[K]) Locked(key K) bool { return l.t.locked(key) }
 
 // Waiters returns the number of calls (Lock, RLock, Wait) queued on key at

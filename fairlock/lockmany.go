@@ -26,8 +26,12 @@ func (m MultiGuard[K]) Unlock() {
 }
 
 // Keys returns the locked keys in the order they were taken: sorted, with
-// duplicates removed. The slice is a copy.
+// duplicates removed. The slice is a copy; it is nil for the zero
+// MultiGuard (LockMany of no keys).
 func (m MultiGuard[K]) Keys() []K {
+	if len(m.guards) == 0 {
+		return nil
+	}
 	keys := make([]K, len(m.guards))
 	for i, g := range m.guards {
 		keys[i] = g.key
@@ -48,7 +52,7 @@ func (m MultiGuard[K]) Keys() []K {
 // LockMany returns the error. The error is a *LockError with Op "LockMany"
 // naming the key that failed, and it wraps the same sentinel or context
 // error Lock returned. LockMany allocates the sorted key slice and the
-// MultiGuard's slice of guards.
+// MultiGuard's slice of guards. A nil ctx panics, as in Lock.
 //
 // With no keys LockMany takes nothing, but it still fails where every Lock
 // would: on a done ctx (the context's error) and on a closed Locker
@@ -57,6 +61,9 @@ func (m MultiGuard[K]) Keys() []K {
 // had been granted. This follows x/sync's semaphore, whose Acquire of 0
 // fails on a done context.
 func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (MultiGuard[K], error) {
+	if ctx == nil {
+		panic("fairlock: LockMany with a nil context")
+	}
 	if len(keys) == 0 {
 		return MultiGuard[K]{}, l.lockNone(ctx)
 	}
@@ -80,11 +87,8 @@ func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (Mult
 }
 
 // lockNone is LockMany with no keys: nil, or the error each Lock would
-// return at once. A nil ctx panics, as in Lock.
+// return at once.
 func (l *Locker[K]) lockNone(ctx context.Context) error {
-	if ctx == nil {
-		panic("fairlock: LockMany with a nil context")
-	}
 	var err error
 	if ctx.Err() != nil {
 		err = ctxerr.Of(ctx)

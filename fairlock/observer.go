@@ -64,8 +64,11 @@ type Observer interface {
 }
 
 // A LockerObserver records one Locker's or Semaphore's events. Its
-// methods are called after the internal mutexes are released, from the
-// goroutine that made the call, and must not call back into the Locker.
+// methods are called after the internal mutexes are released and must not
+// call back into the Locker. Acquire and Release are called from the
+// goroutine that made the call; Unregister from Close, from the last
+// Unlock after a Close that gave up (on a goroutine of its own), or from a
+// runtime cleanup once an unclosed Locker is unreachable.
 // They must be safe for concurrent use and should not allocate.
 type LockerObserver interface {
 	// Acquire reports the result of one call that asks for a key (Lock,

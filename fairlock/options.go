@@ -105,10 +105,12 @@ func WithStacks() Option {
 // held; a waiter queued longer than d is reported the same way. Debug
 // output flags such keys. It implies WithDebug and starts one watchdog
 // goroutine that wakes every d/4, but no more often than once a
-// millisecond and at least once a second, and stops once a closed Locker
-// holds nothing. Each wake-up visits only the shards that
-// have live keys, so an idle Locker's watchdog costs next to nothing
-// however many shards it has. d <= 0 turns the watchdog off.
+// millisecond and at least once a second, and stops when Close is called
+// (a Close that waits on a holder still shows it in debug output, flagged,
+// but warns no more). Each wake-up visits only the shards that have live
+// keys, so an idle Locker's watchdog costs next to nothing however many
+// shards it has. d <= 0 turns the watchdog off but still turns debug on,
+// as WithDebug does.
 func WithLongHeld(d time.Duration) Option {
 	return func(c *config) { c.debug, c.longHeld = true, d }
 }

@@ -55,7 +55,7 @@ func NewSemaphore[K comparable](n int64, opts ...Option) *Semaphore[K] {
 func (s *Semaphore[K]) Acquire(ctx context.Context, key K, w int64) (Guard[K], error) {
 	sh, tag := s.t.shardOf(key)
 	if w < 1 || w > s.t.size {
-		return s.t.fail(ctx, "Acquire", key, 0, ErrInvalidWeight, 0, true)
+		return s.invalidWeight(ctx, "Acquire", key, w)
 	}
 	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
 		return g, nil
@@ -70,12 +70,24 @@ func (s *Semaphore[K]) Acquire(ctx context.Context, key K, w int64) (Guard[K], e
 func (s *Semaphore[K]) TryAcquire(ctx context.Context, key K, w int64) (Guard[K], error) {
 	sh, tag := s.t.shardOf(key)
 	if w < 1 || w > s.t.size {
-		return s.t.fail(ctx, "TryAcquire", key, 0, ErrInvalidWeight, 0, true)
+		return s.invalidWeight(ctx, "TryAcquire", key, w)
 	}
 	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
 		return g, nil
 	}
 	return s.t.acquire(ctx, "TryAcquire", key, sh, tag, request{units: w}, true)
+}
+
+// invalidWeight fails a call that asked for w units, outside 1 to n: a
+// *LockError wrapping ErrInvalidWeight whose message names w and n.
+func (s *Semaphore[K]) invalidWeight(ctx context.Context, op string, key K, w int64) (Guard[K], error) {
+	g, err := s.t.fail(ctx, op, key, 0, ErrInvalidWeight, 0, true)
+	units := "units"
+	if s.t.size == 1 {
+		units = "unit"
+	}
+	err.(*LockError).detail = fmt.Sprintf("asked for %d; the semaphore has %d %s per key", w, s.t.size, units)
+	return g, err
 }
 
 // Waiters returns the number of Acquire calls queued on key at this
@@ -89,5 +101,9 @@ func (s *Semaphore[K]) Len() int { return s.t.Len() }
 
 // Close closes the Semaphore as Locker.Close closes a Locker: later calls
 // return ErrClosed, queued waiters wake with ErrClosed, and Close waits
-// until every holder has given its units back or ctx is done.
+// until every holder has given its units back or ctx is done, then
+// returns an error naming how many keys are still held and wrapping ctx's
+// error. It stops the watchdog at once and unregisters from package debug
+// and the Observer once nothing is held. It is safe to call more than
+// once; a nil ctx means context.Background.
 func (s *Semaphore[K]) Close(ctx context.Context) error { return s.t.close(ctx) }

@@ -185,10 +185,19 @@ func (t *table[K]) keyText(key K) string {
 }
 
 // shardOf returns key's shard and its tag there (the key's hash, never 0).
+// It panics with notMade on a zero Locker or Semaphore: the test takes the
+// place of the index's bounds check, so it costs nothing.
 func (t *table[K]) shardOf(key K) (*shard[K], uint64) {
 	h := maphash.Comparable(t.seed, key)
-	return &t.shards[h&t.mask], h | 1
+	i := h & t.mask
+	if i >= uint64(len(t.shards)) {
+		panic(notMade)
+	}
+	return &t.shards[i], h | 1
 }
+
+// notMade is the panic of a call on the zero Locker or Semaphore.
+const notMade = "fairlock: a Locker or Semaphore not made by New or NewSemaphore (the zero value is not usable)"
 
 // tagOf returns key's tag in its shard.
 func (t *table[K]) tagOf(key K) uint64 {
@@ -610,6 +619,9 @@ func (t *table[K]) close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if t.shards == nil {
+		panic(notMade)
+	}
 	if t.closing.CompareAndSwap(false, true) {
 		t.closeShards()
 	}
@@ -633,7 +645,7 @@ func (t *table[K]) close(ctx context.Context) error {
 	if held == 1 {
 		noun = "key"
 	}
-	return fmt.Errorf("fairlock: Close of %s: %d %s still held: %w", t.name, held, noun, ctxerr.Of(ctx))
+	return fmt.Errorf("fairlock: Close of %s: %d %s still held: %w", escapeNonPrinting(t.name), held, noun, ctxerr.Of(ctx))
 }
 
 // The two events after which a closing table's registrations (debug,

@@ -48,7 +48,9 @@ const (
 
 // DurationBuckets are the explicit histogram boundaries, in seconds, of
 // both duration histograms: 1-2.5-5 steps from 1µs to 10s, the span from an
-// uncontended hand-off to a stuck holder.
+// uncontended hand-off to a stuck holder. New reads it when called, so a
+// program may replace it before calling New; changing it afterwards, or
+// while another goroutine calls New, is a data race.
 var DurationBuckets = []float64{
 	1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
 	1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,

@@ -50,7 +50,7 @@ type ctxKey struct{}
 // that every call made with it, from any goroutine, belongs to one new
 // owner. It allocates the child context (one context.WithValue). A token
 // already present in parent is shadowed, not reused: forked work gets an
-// owner of its own.
+// owner of its own. A nil parent panics, as context.WithValue does.
 func NewContext(parent context.Context) context.Context {
 	id := ID(lastFlow.Add(1)) | flowBit
 	return context.WithValue(parent, ctxKey{}, id)

@@ -21,7 +21,8 @@ import "iter"
 // wait's outcome (a grant, or Close) calls [Waiter.Signal] exactly once,
 // after releasing the queue's mutex, and the waiter receives it from
 // [Waiter.Ready]. Because the channel is buffered and drained on every
-// wait, a Waiter can be reused for many waits.
+// wait, a Waiter can be reused for many waits. Make one with NewWaiter:
+// the zero Waiter has no channel and is not usable.
 type Waiter[T any] struct {
 	next, prev *Waiter[T]
 	queue      *Queue[T] // the queue w is in, or nil
@@ -42,11 +43,15 @@ func (w *Waiter[T]) Ready() <-chan struct{} { return w.ready }
 
 // Signal delivers the waiter's signal. It never blocks. It panics if the
 // previous signal was not received: that would mean two parties decided
-// the same wait, which is a broken invariant in the caller.
+// the same wait, which is a broken invariant in the caller. It also panics
+// on a Waiter not made by NewWaiter (the zero Waiter has no channel).
 func (w *Waiter[T]) Signal() {
 	select {
 	case w.ready <- struct{}{}:
 	default:
+		if w.ready == nil {
+			panic("waitqueue: Signal of a Waiter not made by NewWaiter")
+		}
 		panic("waitqueue: waiter signalled twice in one wait")
 	}
 }

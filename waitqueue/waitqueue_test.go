@@ -105,8 +105,20 @@ func TestSignalOncePerWait(t *testing.T) {
 	}
 	w.Signal()
 	defer func() {
-		if recover() == nil {
-			t.Fatal("a second Signal before the receive did not panic")
+		if r := recover(); r != "waitqueue: waiter signalled twice in one wait" {
+			t.Fatalf("a second Signal before the receive recovered %v, want the signalled-twice panic", r)
+		}
+	}()
+	w.Signal()
+}
+
+// TestZeroWaiterSignalPanicsClearly: the zero Waiter has no channel, and
+// Signal says so rather than blaming a second signal.
+func TestZeroWaiterSignalPanicsClearly(t *testing.T) {
+	var w waitqueue.Waiter[int]
+	defer func() {
+		if r := recover(); r != "waitqueue: Signal of a Waiter not made by NewWaiter" {
+			t.Fatalf("Signal of the zero Waiter recovered %v", r)
 		}
 	}()
 	w.Signal()
