@@ -303,6 +303,7 @@ func (h *textbookHandle) Unlock() {
 		delete(t.m, h.key)
 	}
 	t.mu.Unlock()
+	h.m = nil // a kept handle must not keep the lock's memory (Churn)
 }
 
 // The textbook design with shared holds ("sync.RWMutex map"): a map of
@@ -376,6 +377,7 @@ func (h *rwMapHandle) Unlock() {
 		delete(t.m, h.key)
 	}
 	t.mu.Unlock()
+	h.m = nil
 }
 
 // The textbook keyed semaphore ("x/sync semaphore map"): a map of
@@ -441,6 +443,7 @@ func (h *semMapHandle) Acquire(ctx context.Context, key string, w int64) error {
 func (h *semMapHandle) Unlock() {
 	h.s.Release(h.w)
 	h.t.unref(h.key, h.s)
+	h.s = nil
 }
 
 // A bare sync.Mutex: the floor for one key.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"sync"
@@ -102,6 +103,14 @@ type Contended struct {
 	// Readers and Writers) have none: CPUOK is false.
 	CPU   time.Duration
 	CPUOK bool
+	// Allocs is the number of heap objects the whole process allocated
+	// over the same window (runtime/metrics, /gc/heap/allocs:objects, read
+	// without stopping the world): the lock's and the harness's, which
+	// allocates nothing per cycle unless a goroutine's sample slice grows.
+	// As with CPU, figures of some goroutines only have none: AllocsOK is
+	// false.
+	Allocs   uint64
+	AllocsOK bool
 }
 
 // Throughput is successful cycles per second.
@@ -117,16 +126,29 @@ func (c Contended) CPUPerMillion() float64 {
 	return c.CPU.Seconds() / float64(c.Ops) * 1e6
 }
 
+// AllocsPerOp is the heap objects allocated per successful cycle over
+// the run, or NaN for the figures of some goroutines only or when nothing
+// was granted.
+func (c Contended) AllocsPerOp() float64 {
+	if !c.AllocsOK || c.Ops == 0 {
+		return math.NaN()
+	}
+	return float64(c.Allocs) / float64(c.Ops)
+}
+
 // Jain is Jain's fairness index of the per-goroutine counts, (Σx)²/(n·Σx²):
 // 1 when every goroutine got the same share, 1/n when one got all of it.
 func (c Contended) Jain() float64 { return Jain(c.PerG) }
 
-// Quantile returns the q-quantile of the waits (0 <= q <= 1).
+// Quantile returns the q-quantile of the waits (0 <= q <= 1) by the
+// nearest-rank method: the smallest wait that at least a fraction q of
+// the waits do not exceed (the ⌈q·n⌉-th of n, the first for q = 0).
 func (c Contended) Quantile(q float64) time.Duration {
 	if len(c.Waits) == 0 {
 		return 0
 	}
-	return c.Waits[min(len(c.Waits)-1, int(q*float64(len(c.Waits))))]
+	rank := int(math.Ceil(q * float64(len(c.Waits))))
+	return c.Waits[min(len(c.Waits), max(rank, 1))-1]
 }
 
 // Jain is Jain's fairness index of xs.
@@ -177,6 +199,7 @@ type goroutineRun struct {
 	elapsed time.Duration
 	cpu     time.Duration // the process's, user and system
 	cpuOK   bool
+	allocs  uint64            // the process's heap objects
 	waits   [][]time.Duration // by goroutine: the wait of each successful call
 	failed  []int             // by goroutine: calls that gave up
 }
@@ -189,7 +212,7 @@ type goroutineRun struct {
 func (r goroutineRun) contended(in func(i int) bool) Contended {
 	c := Contended{Elapsed: r.elapsed}
 	if in == nil {
-		c.CPU, c.CPUOK = r.cpu, r.cpuOK
+		c.CPU, c.CPUOK, c.Allocs, c.AllocsOK = r.cpu, r.cpuOK, r.allocs, true
 		in = func(int) bool { return true }
 	}
 	for i, w := range r.waits {
@@ -251,6 +274,7 @@ func runGoroutines[H any](g, holders int, d time.Duration, handle func() H, newC
 	runtime.GC()
 	close(start)
 	time.Sleep(warmUp(d))
+	allocs0 := heapObjects()
 	cpu0, ok0 := processCPU()
 	t0 := time.Now()
 	counting.Store(true)
@@ -258,9 +282,18 @@ func runGoroutines[H any](g, holders int, d time.Duration, handle func() H, newC
 	stop.Store(true)
 	res.elapsed = time.Since(t0)
 	cpu1, ok1 := processCPU()
+	res.allocs = heapObjects() - allocs0
 	res.cpu, res.cpuOK = cpu1-cpu0, ok0 && ok1
 	wg.Wait()
 	return res
+}
+
+// heapObjects returns the number of heap objects the process has
+// allocated so far, without stopping the world.
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // samplesPerSecond bounds the calls per second, on a key one goroutine

@@ -132,6 +132,7 @@ var (
 	opsPerSec    = metric{"ops/s", fmtRate, true}
 	grantsPerSec = metric{"grants/s", fmtRate, true}
 	cpuPerM      = metric{"CPU s/10⁶ grants", fmtCPU, true}
+	allocsGrant  = metric{"allocs/grant", fmtPerGrant, false}
 	p50          = metric{"wait p50", fmtDuration, true}
 	p99          = metric{"wait p99", fmtDuration, true}
 	p999         = metric{"wait p99.9", fmtDuration, true}
@@ -171,6 +172,8 @@ func contended(c benchmarks.Contended, ms []metric) []float64 {
 			vs[i] = c.Throughput()
 		case cpuPerM.name:
 			vs[i] = c.CPUPerMillion()
+		case allocsGrant.name:
+			vs[i] = c.AllocsPerOp()
 		case p50.name:
 			vs[i] = float64(c.Quantile(0.5))
 		case p99.name:
@@ -209,7 +212,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 			measure: func(i benchmarks.Impl) []float64 { return ops(benchmarks.ParallelDistinct(i)) },
 		},
 	}
-	hot := []metric{opsPerSec, cpuPerM, p50, p99, p999, pMax, jain}
+	hot := []metric{opsPerSec, cpuPerM, allocsGrant, p50, p99, p999, pMax, jain}
 	for _, g := range hotKeyGs {
 		scs = append(scs, scenario{
 			title: fmt.Sprintf("3. Hot key, G=%d goroutines, %v busy critical section", g, hotKeyHold),
@@ -243,7 +246,7 @@ func scenarios(s settings, pd *plotData) []scenario {
 		title: fmt.Sprintf("6. Churn: %d distinct keys held at once by one goroutine, then all released", s.churn),
 		label: "churn", table: otherTable, once: true,
 		metrics: []metric{
-			{"bytes per key held", fmtBytes, true},
+			{"bytes allocated per key", fmtBytes, true},
 			{"heap at peak", fmtMiB, true},
 			{"heap retained after", fmtMiB, true},
 			{"entries after", fmtCount, false},
@@ -578,22 +581,16 @@ func row(tw *tabwriter.Writer, cells ...string) {
 	fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 }
 
-// sig3 formats x with about three significant digits (two below 0.01)
-// and no exponent.
+// sig3 formats x with three significant digits (more left of the point
+// from 1,000 up) and no exponent: 0.0167, 0.713, 2.31, 45.2, 812. It
+// rounds first, so that 0.9997 prints as 1.00.
 func sig3(x float64) string {
-	a := math.Abs(x)
-	switch {
-	case a == 0:
+	if x == 0 {
 		return "0"
-	case a < 0.01:
-		return strconv.FormatFloat(x, 'f', 1-int(math.Floor(math.Log10(a))), 64)
-	case a < 10:
-		return strconv.FormatFloat(x, 'f', 2, 64)
-	case a < 100:
-		return strconv.FormatFloat(x, 'f', 1, 64)
-	default:
-		return strconv.FormatFloat(x, 'f', 0, 64)
 	}
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', 3, 64), 64)
+	decimals := 2 - int(math.Floor(math.Log10(math.Abs(r))))
+	return strconv.FormatFloat(r, 'f', max(decimals, 0), 64)
 }
 
 // fmtDuration formats nanoseconds in ns, µs or ms.
@@ -620,12 +617,13 @@ func fmtRate(x float64) (string, string) {
 	}
 }
 
-func fmtCPU(s float64) (string, string)     { return sig3(s), " s" }
-func fmtPercent(x float64) (string, string) { return strconv.FormatFloat(100*x, 'f', 1, 64), "%" }
-func fmtJain(x float64) (string, string)    { return strconv.FormatFloat(x, 'f', 3, 64), "" }
-func fmtCount(x float64) (string, string)   { return strconv.FormatFloat(x, 'f', 0, 64), "" }
-func fmtBytes(x float64) (string, string)   { return strconv.FormatFloat(x, 'f', 0, 64), " B" }
-func fmtMiB(x float64) (string, string)     { return sig3(x / (1 << 20)), " MiB" }
+func fmtCPU(s float64) (string, string)      { return sig3(s), " s" }
+func fmtPercent(x float64) (string, string)  { return strconv.FormatFloat(100*x, 'f', 1, 64), "%" }
+func fmtJain(x float64) (string, string)     { return strconv.FormatFloat(x, 'f', 3, 64), "" }
+func fmtCount(x float64) (string, string)    { return strconv.FormatFloat(x, 'f', 0, 64), "" }
+func fmtPerGrant(x float64) (string, string) { return sig3(x), "" }
+func fmtBytes(x float64) (string, string)    { return strconv.FormatFloat(x, 'f', 0, 64), " B" }
+func fmtMiB(x float64) (string, string)      { return sig3(x / (1 << 20)), " MiB" }
 
 // machine names the CPU, the processors Go may use and the Go version.
 func machine() string {

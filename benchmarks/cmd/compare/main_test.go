@@ -147,6 +147,19 @@ func TestFormats(t *testing.T) {
 	}
 }
 
+// TestSig3: ratios keep three significant digits at every scale, so two
+// small ratios that differ are not printed alike.
+func TestSig3(t *testing.T) {
+	for x, want := range map[float64]string{
+		0.0167: "0.0167", 0.0215: "0.0215", 0.0099: "0.00990", 0.0749: "0.0749",
+		0.713: "0.713", 0.1: "0.100", 0.9997: "1.00", 2.314: "2.31", 45.24: "45.2", 812.4: "812", 9253: "9250",
+	} {
+		if got := sig3(x); got != want {
+			t.Errorf("sig3(%v) = %q, want %q", x, got, want)
+		}
+	}
+}
+
 // TestValue checks a figure's cell: the range left out when the rounds
 // agree, its units left out when they are the median's.
 func TestValue(t *testing.T) {
@@ -163,11 +176,11 @@ func TestValue(t *testing.T) {
 			t.Errorf("value(%+v) = %q, want %q", c.st, got, c.want)
 		}
 	}
-	if got := ratio(stat{26.2, 0, 0, true}, stat{71.6, 0, 0, true}); got != "0.37×" {
-		t.Errorf("ratio = %q, want 0.37×", got)
+	if got := ratio(stat{26.2, 0, 0, true}, stat{71.6, 0, 0, true}); got != "0.366×" {
+		t.Errorf("ratio = %q, want 0.366×", got)
 	}
-	if got := ratio(stat{0.11, 0, 0, true}, stat{53.7, 0, 0, true}); got != "0.0020×" {
-		t.Errorf("ratio of 0.11 to 53.7 = %q, want 0.0020×", got)
+	if got := ratio(stat{0.11, 0, 0, true}, stat{53.7, 0, 0, true}); got != "0.00205×" {
+		t.Errorf("ratio of 0.11 to 53.7 = %q, want 0.00205×", got)
 	}
 	if got := ratio(stat{26.2, 0, 0, true}, stat{}); got != "n/a" {
 		t.Errorf("ratio against no figure = %q, want n/a", got)
@@ -206,10 +219,10 @@ func TestWriteMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"Machine: Test CPU, 2 CPUs. One `compare -markdown` run: 2 interleaved rounds, 500ms per timed run.",
 		"| | fairlock | peer | one-key |\n| --- | --- | --- | --- |\n",
-		"| hot key G=32: ops/s | 315k (310–320) | 400k · 0.79× | 415k (410–420) · 0.76× |\n",
+		"| hot key G=32: ops/s | 315k (310–320) | 400k · 0.787× | 415k (410–420) · 0.759× |\n",
 		"| hot key G=32: CPU s/10⁶ grants | 5.10 s (5.00–5.20) | n/a | 4.00 s · 1.27× |\n",
 		"| hot key G=32: Jain | 1.000 | 0.850 (0.800–0.900) | 0.950 |\n",
-		"| | fairlock | peer |\n| --- | --- | --- |\n| Zipf keys: ops/s | 710k (700–720) | 800k · 0.89× |\n",
+		"| | fairlock | peer |\n| --- | --- | --- |\n| Zipf keys: ops/s | 710k (700–720) | 800k · 0.887× |\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("markdown lacks\n%s\nin\n%s", want, got)
@@ -226,7 +239,7 @@ func TestWriteText(t *testing.T) {
 	lines := strings.Split(b.String(), "\n")
 	want := map[string]string{
 		"ops/s":            "315k (310–320) 400k 415k (410–420)",
-		"fairlock ÷ peer":  "0.79× 0.76×",
+		"fairlock ÷ peer":  "0.787× 0.759×",
 		"CPU s/10⁶ grants": "5.10 s (5.00–5.20) n/a 4.00 s",
 		"Jain":             "1.000 0.850 (0.800–0.900) 0.950",
 	}

@@ -60,7 +60,8 @@ func (pd *plotData) plot(dir string, impls []benchmarks.Impl) ([]string, error) 
 // style is how one implementation is drawn: a colour of the Okabe–Ito
 // palette, which stays distinct for the common forms of colour blindness
 // (Okabe and Ito, "Color Universal Design", 2008), and a solid line for
-// the FIFO locks, dashed for the barging ones.
+// the FIFO locks, dashed for the barging ones, dotted for the bare
+// sync.Mutex (the floor).
 type style struct {
 	color  color.Color
 	dashes []vg.Length
@@ -96,7 +97,7 @@ func styleOf(name string) style {
 // of a CDF.
 func plotWaitCCDF(path string, impls []benchmarks.Impl, waits map[string][]time.Duration) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Hot key, G=%d, %v critical section: wait CCDF (solid: FIFO, dashed: barging)", ccdfG, hotKeyHold)
+	p.Title.Text = fmt.Sprintf("Hot key, G=%d, %v critical section: wait CCDF (solid: FIFO, dashed: barging, dotted: sync.Mutex)", ccdfG, hotKeyHold)
 	p.X.Label.Text = "wait x (µs; waits under 0.1µs drawn at 0.1µs)"
 	p.Y.Label.Text = "share of calls waiting ≥ x"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
