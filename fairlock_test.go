@@ -362,8 +362,8 @@ func TestUnlockIsIdempotentAndStaleSafe(t *testing.T) {
 }
 
 // TestCloseErrorNamesTheLockerSafely: the error of a Close that gave up
-// names the Locker with its control characters escaped, as debug output
-// and keys are, so a name cannot forge a log line.
+// names the Locker quoted, as debug output does, so a name cannot forge a
+// log line.
 func TestCloseErrorNamesTheLockerSafely(t *testing.T) {
 	l := fairlock.New[string](fairlock.WithName("orders\nfake: line"))
 	g, err := l.Lock(context.Background(), "k")
@@ -373,7 +373,7 @@ func TestCloseErrorNamesTheLockerSafely(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	err = l.Close(short)
-	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `Close of orders\nfake: line: 1 key still held`) {
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `Close of "orders\nfake: line": 1 key still held`) {
 		t.Fatalf("Close = %q, want the name escaped and 1 key still held", err)
 	}
 	g.Unlock()

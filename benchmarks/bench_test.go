@@ -202,29 +202,6 @@ func TestCancelStormLeaksNothing(t *testing.T) {
 	}
 }
 
-// TestContendedGrantsDoNotAllocate: on a hot key, fairlock's waiters
-// are recycled, so the run's allocations per grant (the figure compare
-// prints) stay far below one; containerd/kmutex's waits allocate (x/sync's
-// semaphore queues a channel per waiter), so its figure is not zero, which
-// shows the counter counts.
-func TestContendedGrantsDoNotAllocate(t *testing.T) {
-	for _, impl := range Impls() {
-		if impl.Name != "fairlock" && impl.Name != "containerd/kmutex" {
-			continue
-		}
-		c := HotKey(impl, 4, 2*time.Microsecond, 50*time.Millisecond)
-		perGrant := c.AllocsPerOp()
-		switch {
-		case !c.AllocsOK || c.Ops == 0:
-			t.Errorf("%s: %d grants, allocations counted: %v", impl.Name, c.Ops, c.AllocsOK)
-		case impl.Name == "fairlock" && perGrant > 0.05:
-			t.Errorf("fairlock: %.3f allocations per contended grant, want about 0", perGrant)
-		case impl.Name == "containerd/kmutex" && perGrant < 0.5:
-			t.Errorf("containerd/kmutex: %.3f allocations per contended grant, want its waits' allocations counted", perGrant)
-		}
-	}
-}
-
 // TestQuantileIsNearestRank: the q-quantile of n waits is the ⌈q·n⌉-th,
 // so p99 of 100 waits is the 99th, not the largest.
 func TestQuantileIsNearestRank(t *testing.T) {
@@ -241,7 +218,7 @@ func TestQuantileIsNearestRank(t *testing.T) {
 		want time.Duration
 	}{
 		{100, 0.99, 99}, {100, 1, 100}, {100, 0.5, 50}, {100, 0, 1},
-		{1000, 0.999, 999}, {4, 0.5, 2}, {3, 0.5, 2}, {1, 0.999, 1},
+		{1000, 0.999, 999}, {4, 0.5, 2}, {3, 0.5, 2}, {1, 0.999, 1}, {100, 0.07, 7},
 	} {
 		if got := waits(tc.n).Quantile(tc.q); got != tc.want {
 			t.Errorf("Quantile(%v) of 1..%d = %d, want %d", tc.q, tc.n, got, tc.want)

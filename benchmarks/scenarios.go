@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand"
 	"runtime"
-	"runtime/metrics"
 	"slices"
 	"strconv"
 	"sync"
@@ -104,9 +103,12 @@ type Contended struct {
 	CPU   time.Duration
 	CPUOK bool
 	// Allocs is the number of heap objects the whole process allocated
-	// over the same window (runtime/metrics, /gc/heap/allocs:objects, read
-	// without stopping the world): the lock's and the harness's, which
-	// allocates nothing per cycle unless a goroutine's sample slice grows.
+	// over the same window (runtime.MemStats.Mallocs, read just outside
+	// it: ReadMemStats stops the world, and flushes the per-processor
+	// caches that runtime/metrics would count only a span at a time): the
+	// lock's, and the harness's, which allocates nothing per cycle unless
+	// a goroutine's sample slice grows. Cycles in flight when the window
+	// closes may add theirs.
 	// As with CPU, figures of some goroutines only have none: AllocsOK is
 	// false.
 	Allocs   uint64
@@ -147,7 +149,9 @@ func (c Contended) Quantile(q float64) time.Duration {
 	if len(c.Waits) == 0 {
 		return 0
 	}
-	rank := int(math.Ceil(q * float64(len(c.Waits))))
+	// The epsilon keeps a product such as 0.07·100 = 7.000000000000001
+	// at rank 7.
+	rank := int(math.Ceil(q*float64(len(c.Waits)) - 1e-9))
 	return c.Waits[min(len(c.Waits), max(rank, 1))-1]
 }
 
@@ -274,7 +278,9 @@ func runGoroutines[H any](g, holders int, d time.Duration, handle func() H, newC
 	runtime.GC()
 	close(start)
 	time.Sleep(warmUp(d))
-	allocs0 := heapObjects()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	allocs0 := ms.Mallocs
 	cpu0, ok0 := processCPU()
 	t0 := time.Now()
 	counting.Store(true)
@@ -282,18 +288,11 @@ func runGoroutines[H any](g, holders int, d time.Duration, handle func() H, newC
 	stop.Store(true)
 	res.elapsed = time.Since(t0)
 	cpu1, ok1 := processCPU()
-	res.allocs = heapObjects() - allocs0
+	runtime.ReadMemStats(&ms)
+	res.allocs = ms.Mallocs - allocs0
 	res.cpu, res.cpuOK = cpu1-cpu0, ok0 && ok1
 	wg.Wait()
 	return res
-}
-
-// heapObjects returns the number of heap objects the process has
-// allocated so far, without stopping the world.
-func heapObjects() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
 }
 
 // samplesPerSecond bounds the calls per second, on a key one goroutine

@@ -32,14 +32,14 @@
 // the shard mutex"): it is held only for bookkeeping, and taking it waits
 // out a lock-free grant of the same shard caught between its two
 // publishing stores (yielding, then sleeping briefly if that grant's
-// goroutine was preempted there). Neither allocates
-// with debug and observer off, as long as a key's entry can be recycled:
-// a shard keeps up to 16 entries for reuse, so a shard with more keys live
-// at once allocates an entry for each key beyond those. A call that must
-// wait allocates nothing
-// either once the package has warmed up (waiters are recycled), except
-// with WithDeadlockDetection, whose check of each waiting call allocates
-// its graph arrays, and WithStacks, which records each call's stack. A
+// goroutine was preempted there). Neither allocates with debug and
+// observer off, as long as its shard has a released key entry to reuse: a
+// shard keeps up to 16, so when more of its keys become live than it has
+// spares for, each extra key allocates its entry and holder slice (two
+// objects). A call that must wait allocates nothing more once the package
+// has warmed up (waiters are recycled), except with
+// WithDeadlockDetection, whose check of each waiting call allocates its
+// graph arrays, and WithStacks, which records each call's stack. A
 // key's state exists only while the key is held or awaited, so a Locker
 // over millions of distinct keys holds memory only for the ones in use;
 // beyond that, each shard keeps a reference to the last key granted on
@@ -102,7 +102,7 @@ func New[K comparable](opts ...Option) *Locker[K] {
 // it allocates. A granted Lock allocates nothing when it does not wait,
 // and nothing beyond a recycled waiter when it does, but for the graph
 // check of WithDeadlockDetection, the stack of WithStacks, and the key's
-// entry on a shard with more than 16 keys live at once (see Costs in the
+// entry when its shard has no released entry to reuse (see Costs in the
 // package doc). A nil ctx panics, as in every call that asks for a key;
 // Close takes nil as context.Background. On a key whose shard
 // (of WithShards) holds nothing else, and without WithDebug or

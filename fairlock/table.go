@@ -645,7 +645,7 @@ func (t *table[K]) close(ctx context.Context) error {
 	if held == 1 {
 		noun = "key"
 	}
-	return fmt.Errorf("fairlock: Close of %s: %d %s still held: %w", escapeNonPrinting(t.name), held, noun, ctxerr.Of(ctx))
+	return fmt.Errorf("fairlock: Close of %q: %d %s still held: %w", t.name, held, noun, ctxerr.Of(ctx))
 }
 
 // The two events after which a closing table's registrations (debug,

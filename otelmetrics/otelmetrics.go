@@ -24,6 +24,7 @@ package otelmetrics
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,9 +49,10 @@ const (
 
 // DurationBuckets are the explicit histogram boundaries, in seconds, of
 // both duration histograms: 1-2.5-5 steps from 1µs to 10s, the span from an
-// uncontended hand-off to a stuck holder. New reads it when called, so a
-// program may replace it before calling New; changing it afterwards, or
-// while another goroutine calls New, is a data race.
+// uncontended hand-off to a stuck holder. New copies it when called, so a
+// program may replace it before calling New, and a change afterwards
+// affects only later calls to New; changing it while another goroutine
+// calls New is a data race.
 var DurationBuckets = []float64{
 	1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
 	1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -87,17 +89,20 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 	); err != nil {
 		return nil, err
 	}
+	// A copy: the option keeps the slice, and the global MeterProvider
+	// applies it only once a real provider is set, maybe after a change.
+	buckets := slices.Clone(DurationBuckets)
 	if o.wait, err = m.Float64Histogram("fairlock.lock.wait.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("The time calls that asked for a key spent queued for it, by result; calls that never queued record 0."),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...),
+		metric.WithExplicitBucketBoundaries(buckets...),
 	); err != nil {
 		return nil, err
 	}
 	if o.hold, err = m.Float64Histogram("fairlock.lock.hold.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("The time keys were held, from grant to Unlock."),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...),
+		metric.WithExplicitBucketBoundaries(buckets...),
 	); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/fairlock/fairlock/otelmetrics"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -29,6 +30,57 @@ func newObserver(t testing.TB) (fairlock.Observer, *sdkmetric.ManualReader) {
 		t.Fatal(err)
 	}
 	return obs, reader
+}
+
+// TestBucketsAreTakenAtNew: the histograms use DurationBuckets as they
+// were when New was called, even through the global MeterProvider, which
+// hands the instruments' options to the real provider only once one is
+// set.
+func TestBucketsAreTakenAtNew(t *testing.T) {
+	defer func(saved []float64) { otelmetrics.DurationBuckets = saved }(otelmetrics.DurationBuckets)
+	otelmetrics.DurationBuckets = []float64{0.001, 0.01}
+	obs, err := otelmetrics.New(otel.GetMeterProvider())
+	if err != nil {
+		t.Fatal(err)
+	}
+	otelmetrics.DurationBuckets[0] = 0.5 // after New: must not count
+
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	otel.SetMeterProvider(mp)
+
+	l := fairlock.New[string](fairlock.WithName("buckets"), fairlock.WithObserver(obs))
+	g, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Unlock()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if !ok {
+				continue
+			}
+			for _, dp := range h.DataPoints {
+				seen++
+				if diff := cmp.Diff([]float64{0.001, 0.01}, dp.Bounds); diff != "" {
+					t.Errorf("%s bounds (-at New +used):\n%s", m.Name, diff)
+				}
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("%d histogram points, want wait and hold", seen)
+	}
 }
 
 // point identifies one data point: instrument, locker and result.

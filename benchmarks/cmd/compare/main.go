@@ -581,12 +581,15 @@ func row(tw *tabwriter.Writer, cells ...string) {
 	fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 }
 
-// sig3 formats x with three significant digits (more left of the point
-// from 1,000 up) and no exponent: 0.0167, 0.713, 2.31, 45.2, 812. It
-// rounds first, so that 0.9997 prints as 1.00.
+// sig3 formats x with three significant digits, or as a whole number
+// from 999.5 up, and no exponent: 0.0167, 0.713, 2.31, 45.2, 812, 9253.
+// It rounds first, so that 0.9997 prints as 1.00.
 func sig3(x float64) string {
 	if x == 0 {
 		return "0"
+	}
+	if math.Abs(x) >= 999.5 {
+		return strconv.FormatFloat(x, 'f', 0, 64)
 	}
 	r, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', 3, 64), 64)
 	decimals := 2 - int(math.Floor(math.Log10(math.Abs(r))))
