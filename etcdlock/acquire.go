@@ -67,7 +67,10 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Guard, error) {
 // fairlock.ErrWouldBlock, and it wrote nothing. It also fails like Lock
 // on a done ctx, a reentrant owner, a closed Locker, or an etcd error. It
 // is one round trip: a transaction that writes the call's key only if the
-// key's range is empty.
+// key's range is empty. While the Locker's watch is restarting (after an
+// outage or a compaction) a TryLock whose write succeeded waits, as Lock
+// does, until the watch is live again, ctx ends or the Locker closes: a
+// grant is handed out only once the loss of its key can be seen.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Guard, error) {
 	return l.acquire(ctx, "TryLock", kindTry, key)
 }
