@@ -427,6 +427,44 @@ func TestClose(t *testing.T) {
 	})
 }
 
+// TestCloseWakesWaitersOfEveryKey: Close wakes the waiters of every key
+// with ErrClosed, also when one shard has more live keys than it keeps
+// inline (the rest spill into its map).
+func TestCloseWakesWaitersOfEveryKey(t *testing.T) {
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		ctx := context.Background()
+		l, o := newLocker[int](t, c, fairlock.WithShards(1))
+		const n = 20 // keys on the one shard, more than its inline slots
+		var held []fairlock.Guard[int]
+		for k := range n {
+			g, err := l.Lock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, g)
+		}
+		waits := make(chan error, n)
+		for k := range n {
+			go func() { _, err := l.Lock(owner.NewContext(ctx), k); waits <- err }()
+			waitWaiters(t, l, k, 1)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close(ctx) }()
+		for range n {
+			if err := recv(t, waits); !errors.Is(err, fairlock.ErrClosed) {
+				t.Fatalf("queued waiter got %v, want ErrClosed", err)
+			}
+		}
+		for _, g := range held {
+			g.Unlock()
+		}
+		if err := recv(t, closed); err != nil {
+			t.Fatalf("Close after the last Unlock = %v", err)
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: n, fairlock.Closed: n}, n)
+	})
+}
+
 // TestCloseStaysVisibleUntilDrained: a Close that gives up on a holder
 // leaves the Locker in debug output and its observer registered, so the
 // stuck holder can be seen; the last Unlock then releases both, after the
@@ -808,6 +846,39 @@ func TestLenTracksLiveKeys(t *testing.T) {
 	if l.Len() != 0 || l.Locked("a") || l.Locked("b") {
 		t.Fatalf("Len = %d when idle", l.Len())
 	}
+}
+
+// TestStatsCountQueuedWaiters: the live counts an Observer reads (the
+// otelmetrics waiters gauge) count a queued call until it leaves the
+// queue, cancelled or granted, and are zero once all work is done.
+func TestStatsCountQueuedWaiters(t *testing.T) {
+	ctx := context.Background()
+	o := new(tally)
+	l, _ := newLocker[string](t, lockerConfigs[0], fairlock.WithObserver(o)) // plain, with o to read the counts
+	want := func(when string, keys, waiters int) {
+		t.Helper()
+		if got := o.live(); got != (fairlock.Stats{Keys: keys, Waiters: waiters}) {
+			t.Fatalf("%s: Stats = %+v, want %d keys and %d waiters", when, got, keys, waiters)
+		}
+	}
+	g, _ := l.Lock(ctx, "k")
+	cctx, cancel := context.WithCancel(ctx)
+	victim := queueLockers(t, cctx, l, "k", 1)
+	next := queueLockers(t, ctx, l, "k", 1)
+	want("two queued", 1, 2)
+	cancel()
+	if r := recv(t, victim); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled waiter got %v", r.err)
+	}
+	want("one of two cancelled", 1, 1)
+	g.Unlock()
+	r := recv(t, next)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	want("the other granted", 1, 0)
+	r.g.Unlock()
+	want("idle", 0, 0)
 }
 
 // TestManyLiveKeysInOneShard drives one shard far past its inline slots

@@ -109,20 +109,31 @@ func newLocker[K comparable](t testing.TB, c lockerConfig, extra ...fairlock.Opt
 
 // tally is a fairlock.Observer for tests: it counts the results reported
 // to it and the releases, and whether the Locker registered and
-// unregistered.
+// unregistered, and keeps the Locker's live counts (live).
 type tally struct {
 	mu           sync.Mutex
 	registered   bool
 	unregistered int
 	results      map[fairlock.Result]int
 	releases     int
+	stats        func() fairlock.Stats
 }
 
-func (o *tally) Register(string, func() fairlock.Stats) fairlock.LockerObserver {
+func (o *tally) Register(_ string, stats func() fairlock.Stats) fairlock.LockerObserver {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.registered = true
+	o.stats = stats
 	return o
+}
+
+// live reads the live counts of the Locker registered with o, as a
+// metrics collection would.
+func (o *tally) live() fairlock.Stats {
+	o.mu.Lock()
+	stats := o.stats
+	o.mu.Unlock()
+	return stats()
 }
 
 func (o *tally) Acquire(r fairlock.Result, _ time.Duration) {

@@ -145,7 +145,8 @@ func TestTaskFairOrder(t *testing.T) {
 }
 
 // TestCancellationRerunsGrant: a waiter that leaves the queue wakes those
-// behind it that it was blocking (golang/go#63615 in x/sync).
+// behind it that it was blocking (golang/go#63615 in x/sync), a Wait
+// too: it holds nothing, but it kept its turn.
 func TestCancellationRerunsGrant(t *testing.T) {
 	forEachConfig(t, func(t *testing.T, c lockerConfig) {
 		t.Run("reader behind a cancelled writer", func(t *testing.T) {
@@ -159,6 +160,19 @@ func TestCancellationRerunsGrant(t *testing.T) {
 				t.Fatalf("cancelled writer: %v", err)
 			}
 			granted(t, r, "the reader behind the cancelled writer").Unlock()
+			r1.Unlock()
+		})
+		t.Run("reader behind a cancelled Wait", func(t *testing.T) {
+			l, _ := newLocker[string](t, c)
+			waiters := func() int { return l.Waiters("k") }
+			r1 := granted(t, startCall(rlock(l, "k")), "reader")
+			w := queue(t, waiters, 1, wait(l, "k"))
+			r := queue(t, waiters, 2, rlock(l, "k"))
+			w.stop()
+			if err := recv(t, w.done).err; !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled Wait: %v", err)
+			}
+			granted(t, r, "the reader behind the cancelled Wait, beside the first").Unlock()
 			r1.Unlock()
 		})
 		t.Run("small request behind a cancelled large one", func(t *testing.T) {
@@ -453,6 +467,75 @@ func TestWaitIsAZeroLengthTurn(t *testing.T) {
 		// Waits acquire nothing: the observer heard only the grants (and the
 		// refused TryRLock).
 		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 5, fairlock.WouldBlock: 1}, 5)
+	})
+}
+
+// TestWaitWaitsForEveryHolder: a Wait by another flow does not pass while
+// the key is held, exclusive or shared, even by a grant that took the
+// lock-free path (a fresh Locker's first grant, nothing else on its shard).
+func TestWaitWaitsForEveryHolder(t *testing.T) {
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		l, _ := newLocker[string](t, c)
+		ctx := context.Background()
+		for mode, take := range map[string]func(context.Context, string) (fairlock.Guard[string], error){
+			"exclusive": l.Lock, "shared": l.RLock,
+		} {
+			g, err := take(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tctx, cancel := context.WithTimeout(owner.NewContext(ctx), 10*time.Millisecond)
+			err = l.Wait(tctx, "k")
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Wait while the key is held %s: %v, want it to wait and time out", mode, err)
+			}
+			g.Unlock()
+		}
+	})
+}
+
+// TestDoubleUnlockOfAReader: a second Unlock of a reader's Guard changes
+// nothing while other readers hold the key: they keep it, and a writer is
+// still refused.
+func TestDoubleUnlockOfAReader(t *testing.T) {
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		l, o := newLocker[string](t, c)
+		ctx := owner.NewContext(context.Background())
+		r1 := granted(t, startCall(rlock(l, "k")), "first reader")
+		r2 := granted(t, startCall(rlock(l, "k")), "second reader")
+		r1.Unlock()
+		r1.Unlock()
+		if !l.Locked("k") {
+			t.Fatal("a second Unlock of one reader released the other")
+		}
+		if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
+			t.Fatalf("TryLock while a reader holds: %v, want ErrWouldBlock", err)
+		}
+		r2.Unlock()
+		if l.Locked("k") || l.Len() != 0 {
+			t.Fatalf("after both readers left: Locked = %v, Len = %d", l.Locked("k"), l.Len())
+		}
+		checkTally(t, o, map[fairlock.Result]int{fairlock.Acquired: 2, fairlock.WouldBlock: 1}, 2)
+	})
+}
+
+// TestKeyIdleAfterTheLastWait: a Wait whose turn comes with nobody
+// behind it, as the last holder leaves, leaves the key idle: free, and not
+// counted by Len.
+func TestKeyIdleAfterTheLastWait(t *testing.T) {
+	forEachConfig(t, func(t *testing.T, c lockerConfig) {
+		l, _ := newLocker[string](t, c)
+		waiters := func() int { return l.Waiters("k") }
+		g := granted(t, startCall(lock(l, "k")), "writer")
+		w := queue(t, waiters, 1, wait(l, "k"))
+		g.Unlock()
+		if err := recv(t, w.done).err; err != nil {
+			t.Fatalf("Wait after the writer left: %v", err)
+		}
+		if l.Len() != 0 || l.Locked("k") {
+			t.Fatalf("after the last Wait's turn: Len = %d, Locked = %v; want 0, false", l.Len(), l.Locked("k"))
+		}
 	})
 }
 
