@@ -108,9 +108,8 @@ type Contended struct {
 	// caches that runtime/metrics would count only a span at a time): the
 	// lock's, and the harness's, which allocates nothing per cycle unless
 	// a goroutine's sample slice grows. Cycles in flight when the window
-	// closes may add theirs.
-	// As with CPU, figures of some goroutines only have none: AllocsOK is
-	// false.
+	// closes may add theirs. As with CPU, figures of some goroutines only
+	// have none: AllocsOK is false.
 	Allocs   uint64
 	AllocsOK bool
 }

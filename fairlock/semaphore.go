@@ -82,11 +82,7 @@ func (s *Semaphore[K]) TryAcquire(ctx context.Context, key K, w int64) (Guard[K]
 // *LockError wrapping ErrInvalidWeight whose message names w and n.
 func (s *Semaphore[K]) invalidWeight(ctx context.Context, op string, key K, w int64) (Guard[K], error) {
 	g, err := s.t.fail(ctx, op, key, 0, ErrInvalidWeight, 0, true)
-	units := "units"
-	if s.t.size == 1 {
-		units = "unit"
-	}
-	err.(*LockError).detail = fmt.Sprintf("asked for %d; the semaphore has %d %s per key", w, s.t.size, units)
+	err.(*LockError).detail = fmt.Sprintf("asked for %d; the semaphore has %s per key", w, count(s.t.size, "unit"))
 	return g, err
 }
 

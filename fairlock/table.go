@@ -641,11 +641,15 @@ func (t *table[K]) close(ctx context.Context) error {
 		t.closer.release() // drained in the meantime
 		return nil
 	}
-	held, noun := t.Len(), "keys"
-	if held == 1 {
-		noun = "key"
+	return fmt.Errorf("fairlock: Close of %q: %s still held: %w", t.name, count(t.Len(), "key"), ctxerr.Of(ctx))
+}
+
+// count writes n with its noun, singular for one: "1 key", "3 keys".
+func count[N ~int | ~int64](n N, one string) string {
+	if n == 1 {
+		return "1 " + one
 	}
-	return fmt.Errorf("fairlock: Close of %q: %d %s still held: %w", t.name, held, noun, ctxerr.Of(ctx))
+	return fmt.Sprintf("%d %ss", n, one)
 }
 
 // The two events after which a closing table's registrations (debug,
