@@ -15,7 +15,7 @@ import (
 // someone else, or the Locker could not renew the lease for a TTL (see
 // Guard.Lost). Another process may have held the key since; anything
 // written under the grant must be checked with its fencing token.
-var ErrLost = errors.New("fairlock: lock lost: its lease ended or its key was deleted by someone else")
+var ErrLost = fairlock.ErrLost
 
 // lockError builds the error a call returns: a *fairlock.LockError naming
 // the operation, the key and the owner. Its message renders the key

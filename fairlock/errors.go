@@ -34,6 +34,14 @@ var (
 	// than 1 unit or more than the Semaphore's n, which no grant could
 	// ever satisfy.
 	ErrInvalidWeight = errors.New("fairlock: invalid weight: want 1 to the semaphore's units")
+	// ErrLost: a grant ended before its holder released it. No in-process
+	// Locker or Semaphore loses a grant; the backends across processes
+	// (etcdlock, redislock) return it, wrapped in a *LockError with Op
+	// "Unlock", from the Unlock of a grant whose lease expired, whose
+	// entry someone else deleted, or that could not be renewed for a
+	// TTL. Another holder may have held the key since: anything written
+	// under the grant must be checked with its fencing token.
+	ErrLost = errors.New("fairlock: lock lost: the grant ended before it was released")
 )
 
 // LockError is the error every call of a Locker or Semaphore that asks

@@ -1,0 +1,78 @@
+// Package keylock is the keyed-lock interface that every fairlock backend
+// satisfies: the in-process lock (through InProcess and
+// InProcessSemaphore), etcdlock and redislock. Code written against it
+// locks the same way wherever the lock lives, and a test can swap a
+// distributed lock for the in-process one.
+//
+// Keys are strings: a key that crosses a process is a string. The
+// promises are fairlock's (strict FIFO per key in every mode, Try forms
+// that never overtake, ErrReentrant instead of a self-deadlock,
+// idempotent Unlock, fencing tokens that only grow per key), kept by each
+// backend across every Locker it makes; package keylocktest checks them.
+//
+// The shape follows net.Listener (methods that return an interface, a
+// concrete type behind it) and madelson/DistributedLock's provider
+// interfaces.
+package keylock
+
+import "context"
+
+// Lease is one grant of a key: held from the call that returned it until
+// Unlock, or until the backend loses it.
+type Lease interface {
+	// Unlock releases the grant. It is idempotent: a second Unlock does
+	// nothing and returns nil. It returns an error wrapping
+	// fairlock.ErrLost if the grant was lost before Unlock released it,
+	// and the backend's error (a context's, a transport's) if the release
+	// could not be made; an in-process Lease's Unlock always returns nil.
+	Unlock(ctx context.Context) error
+	// Key returns the key the grant is for.
+	Key() string
+	// Token returns the grant's fencing token: larger than the token of
+	// every earlier grant of the key by the same backend.
+	Token() uint64
+	// Lost returns a channel that is closed when the grant is lost while
+	// it is held. It is nil for a backend that cannot lose a grant (a nil
+	// channel never becomes ready).
+	Lost() <-chan struct{}
+}
+
+// Locker is an exclusive keyed lock.
+type Locker interface {
+	// Lock waits for key in FIFO order and returns its exclusive grant.
+	// It fails with the context's error, fairlock.ErrReentrant,
+	// fairlock.ErrClosed or the backend's error, and then returns a nil
+	// Lease.
+	Lock(ctx context.Context, key string) (Lease, error)
+	// TryLock is Lock without waiting: it fails with
+	// fairlock.ErrWouldBlock if key is held or has queued calls.
+	TryLock(ctx context.Context, key string) (Lease, error)
+	// Wait takes a turn in key's queue and returns, holding nothing, once
+	// every grant of key held or queued before it has been released.
+	Wait(ctx context.Context, key string) error
+	// Close makes later calls fail with fairlock.ErrClosed, wakes queued
+	// calls with it, and waits until ctx ends for holders to unlock.
+	Close(ctx context.Context) error
+}
+
+// RWLocker is a Locker with shared holds, task-fair: a reader queued
+// behind a writer waits for it even while readers hold the key.
+type RWLocker interface {
+	Locker
+	// RLock waits for key in FIFO order and returns a shared grant.
+	RLock(ctx context.Context, key string) (Lease, error)
+	// TryRLock is RLock without waiting.
+	TryRLock(ctx context.Context, key string) (Lease, error)
+}
+
+// Semaphore is a keyed weighted semaphore: every key has the same number
+// of units, granted head-of-line FIFO.
+type Semaphore interface {
+	// Acquire waits for w units of key. Weights below 1 or above the
+	// semaphore's units fail with fairlock.ErrInvalidWeight.
+	Acquire(ctx context.Context, key string, w int64) (Lease, error)
+	// TryAcquire is Acquire without waiting.
+	TryAcquire(ctx context.Context, key string, w int64) (Lease, error)
+	// Close is Locker.Close.
+	Close(ctx context.Context) error
+}
