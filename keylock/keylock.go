@@ -10,6 +10,12 @@
 // idempotent Unlock, fencing tokens that only grow per key), kept by each
 // backend across every Locker it makes; package keylocktest checks them.
 //
+// InProcess and InProcessSemaphore make the in-process lock a backend;
+// Do ("lock, run, unlock", with fn's context ending if a distributed
+// grant is lost) and LockMany (several keys, all or nothing) are written
+// once over the interfaces, for every backend. A failed call returns a
+// nil Lease: a nil interface, never a typed nil inside one.
+//
 // The shape follows net.Listener (methods that return an interface, a
 // concrete type behind it) and madelson/DistributedLock's provider
 // interfaces.
