@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
@@ -21,7 +22,10 @@ import (
 // (fairlock's TestUncontendedAllocatesNothing). Built without -race,
 // whose instrumentation allocates on its own.
 func TestInProcessAllocatesOnlyTheLease(t *testing.T) {
-	ctx := context.Background()
+	// Bounded, so that a grant left held fails the test instead of
+	// hanging it; made once, outside the measured runs.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	l := fairlock.New[string]()
 	defer l.Close(ctx)
 	s := fairlock.NewSemaphore[string](3)

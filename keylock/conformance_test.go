@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
@@ -28,7 +29,9 @@ func (h *inProcess) locker(t testing.TB) *fairlock.Locker[string] {
 		l = fairlock.New[string]()
 		h.lockers[t] = l
 		t.Cleanup(func() {
-			if err := l.Close(context.Background()); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := l.Close(ctx); err != nil {
 				t.Errorf("Close: %v", err)
 			}
 			h.mu.Lock()
@@ -55,7 +58,9 @@ func (h *inProcess) semaphore(t testing.TB, n int64) *fairlock.Semaphore[string]
 		s = fairlock.NewSemaphore[string](n)
 		h.semaphores[t][n] = s
 		t.Cleanup(func() {
-			if err := s.Close(context.Background()); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.Close(ctx); err != nil {
 				t.Errorf("Semaphore.Close: %v", err)
 			}
 		})

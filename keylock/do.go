@@ -76,7 +76,7 @@ func (ls Leases) Unlock(ctx context.Context) error {
 // grant's Unlock returns an error wrapping fairlock.ErrLost, so Do's
 // error wraps it too. If fn panics (or calls runtime.Goexit), Do unlocks
 // the same way and the panic goes on with the same value: Do never
-// recovers it.
+// recovers it, and an error from that Unlock is dropped.
 //
 // Costs: with a Lease whose Lost is nil (every in-process Lease), fn gets
 // ctx itself and Do starts no goroutine; an in-process Lease is unlocked

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
@@ -87,21 +88,22 @@ func ExampleLockMany() {
 	}
 	fmt.Println(leases.Unlock(ctx), l.Len())
 
-	// A key held elsewhere until ctx ends: nothing is kept.
+	// "to" held by another flow until ctx ends: LockMany takes "from",
+	// waits for "to", and gives "from" back.
 	g, _ := l.Lock(owner.NewContext(ctx), "to")
-	done, cancel := context.WithCancel(ctx)
-	cancel()
-	_, err = keylock.LockMany(done, locker, "from", "to")
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	_, err = keylock.LockMany(short, locker, "from", "to")
 	var le *fairlock.LockError
 	if errors.As(err, &le) {
-		fmt.Println(le.Op, le.Key, errors.Is(err, context.Canceled))
+		fmt.Println(le.Op, le.Key, errors.Is(err, context.DeadlineExceeded))
 	}
+	fmt.Println(l.Locked("from"))
 	g.Unlock()
-	fmt.Println(l.Len())
 	// Output:
 	// from
 	// to
 	// <nil> 0
-	// LockMany from true
-	// 0
+	// LockMany to true
+	// false
 }

@@ -21,7 +21,7 @@ import (
 //
 // The view allocates nothing itself (it is one pointer). A granted Lock,
 // TryLock, RLock or TryRLock allocates what l's call does (nothing, when
-// uncontended) plus the Lease: one object of four words, the Guard that
+// uncontended) plus the Lease: one object, the copy of the Guard that
 // the interface value must point to (TestInProcessAllocatesOnlyTheLease).
 // InProcess panics if l is nil.
 func InProcess(l *fairlock.Locker[string]) RWLocker {

@@ -51,13 +51,20 @@ type Locker interface {
 	// Lease.
 	Lock(ctx context.Context, key string) (Lease, error)
 	// TryLock is Lock without waiting: it fails with
-	// fairlock.ErrWouldBlock if key is held or has queued calls.
+	// fairlock.ErrWouldBlock if key is held or has queued calls (also in
+	// the instant after a release, before the next call has run), and
+	// otherwise as Lock does.
 	TryLock(ctx context.Context, key string) (Lease, error)
-	// Wait takes a turn in key's queue and returns, holding nothing, once
-	// every grant of key held or queued before it has been released.
+	// Wait takes a turn in key's queue like a Lock and returns nil,
+	// holding nothing, once every grant of key held or queued before it
+	// has been released; on a free key it returns at once. It fails as
+	// Lock does (fairlock.ErrReentrant if the caller's owner holds key
+	// through this Locker in any mode).
 	Wait(ctx context.Context, key string) error
 	// Close makes later calls fail with fairlock.ErrClosed, wakes queued
-	// calls with it, and waits until ctx ends for holders to unlock.
+	// calls with it, and blocks until the Locker's grants are released
+	// (nil) or ctx ends (an error wrapping the context's). It may be
+	// called again: a later Close returns nil once no grant is held.
 	Close(ctx context.Context) error
 }
 
@@ -65,19 +72,29 @@ type Locker interface {
 // behind a writer waits for it even while readers hold the key.
 type RWLocker interface {
 	Locker
-	// RLock waits for key in FIFO order and returns a shared grant.
+	// RLock waits for key in FIFO order and returns a shared grant: it
+	// is granted when every call ahead of it is a reader. It fails as
+	// Lock does, with a nil Lease.
 	RLock(ctx context.Context, key string) (Lease, error)
-	// TryRLock is RLock without waiting.
+	// TryRLock is RLock without waiting: it fails with
+	// fairlock.ErrWouldBlock if a writer holds key or any call is queued
+	// on it.
 	TryRLock(ctx context.Context, key string) (Lease, error)
 }
 
 // Semaphore is a keyed weighted semaphore: every key has the same number
 // of units, granted head-of-line FIFO.
 type Semaphore interface {
-	// Acquire waits for w units of key. Weights below 1 or above the
-	// semaphore's units fail with fairlock.ErrInvalidWeight.
+	// Acquire waits in FIFO order for w units of key and returns their
+	// grant: it is granted when the units of every call ahead of it plus
+	// w fit in the semaphore's size. Weights below 1 or above the size
+	// fail at once with fairlock.ErrInvalidWeight; otherwise it fails as
+	// Locker.Lock does (fairlock.ErrReentrant if the caller's owner holds
+	// units of key), always with a nil Lease.
 	Acquire(ctx context.Context, key string, w int64) (Lease, error)
-	// TryAcquire is Acquire without waiting.
+	// TryAcquire is Acquire without waiting: it fails with
+	// fairlock.ErrWouldBlock if w units are not free or a call is queued
+	// on key.
 	TryAcquire(ctx context.Context, key string, w int64) (Lease, error)
 	// Close is Locker.Close.
 	Close(ctx context.Context) error

@@ -98,6 +98,10 @@ func (f *fakeLocker) Close(context.Context) error        { return nil }
 // used although the caller's was, and has a deadline a few seconds away.
 func bounded(t *testing.T, what string, ctx context.Context, ctxErr error, start time.Time) {
 	t.Helper()
+	if ctx == nil {
+		t.Errorf("%s: not unlocked", what)
+		return
+	}
 	if ctxErr != nil {
 		t.Errorf("%s: Unlock's context was done (%v), want one the caller's cancellation does not reach", what, ctxErr)
 	}
@@ -400,9 +404,20 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 			return fctx.Err()
 		})
 	}()
-	<-running
+	select {
+	case <-running:
+	case err := <-done:
+		t.Fatalf("Do returned (%v) before fn ran", err)
+	}
 	close(lease.lost)
-	err := <-done
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		// fn waits for its context, which the loss did not end; Do's
+		// goroutine is left behind (goleak reports it too).
+		t.Fatal("fn's context did not end within 30 s of the loss")
+	}
 	var le *fairlock.LockError
 	if !errors.Is(cause, fairlock.ErrLost) || !errors.As(cause, &le) || le.Op != "Do" || le.Key != any("k") || le.Owner != id {
 		t.Errorf("fn's context's cause: %v, want a *LockError (Do, %q, %v) wrapping ErrLost", cause, "k", id)
@@ -425,6 +440,17 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 	})
 	if err != lostErr {
 		t.Errorf("Do: %v, want Unlock's ErrLost as it is", err)
+	}
+
+	// Lost as fn returns, before Do unlocks: fn succeeded, but the grant
+	// ended before its release, so Do reports the loss (Unlock's error).
+	lease = &fakeLease{key: "k", lost: make(chan struct{}), err: lostErr}
+	err = keylock.Do(ctx, lock, "k", func(context.Context) error {
+		close(lease.lost)
+		return nil
+	})
+	if err != lostErr {
+		t.Errorf("Do whose grant was lost as fn returned: %v, want Unlock's ErrLost as it is", err)
 	}
 
 	// Not lost: fn's context lives while fn runs and the watcher is gone

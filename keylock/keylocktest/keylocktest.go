@@ -38,42 +38,52 @@
 //     queued behind it is granted only once its turn has gone;
 //     cancelled, it leaves the queue.
 //   - Do: fn runs holding the key with a live context, Do returns fn's
-//     error as it is, the key is free afterwards, and a panic in fn
-//     unlocks and goes on.
+//     error as it is, the key is free afterwards (a TryLock through
+//     another Locker is granted), a panic in fn unlocks and goes on, and
+//     a lock that fails is Do's error, fn not run.
 //   - LockMany: keylock.LockMany over the backend takes its keys sorted
 //     and once each; cancelled while it waits for a held key, it returns
-//     a *fairlock.LockError naming that key and keeps nothing.
+//     a *fairlock.LockError naming that key and keeps nothing;
+//     Leases.Unlock frees every key.
 //   - Close (the only check that closes a Locker or Semaphore, each in a
-//     subtest of its own): queued calls wake with fairlock.ErrClosed,
-//     Close waits for the holder, later calls fail with ErrClosed, a
-//     second Close returns nil, and Close with a context that ends while
-//     a grant is held returns an error wrapping the context's.
+//     subtest of its own: Close/WakesWaitersAndWaitsForHolders,
+//     Close/ContextEnds, Close/Semaphore): queued calls wake with
+//     fairlock.ErrClosed, calls made once Close has begun fail with
+//     ErrClosed, Close does not return while a grant is held and returns
+//     nil once it is released, a second Close returns nil, and Close with
+//     a context that ends while a grant is held returns an error wrapping
+//     the context's.
 //   - Every failed call returns a nil Lease (a nil interface, never a
 //     typed nil inside one): checked wherever a call fails.
 //
 // With Harness.Lose set, Lost checks that a Lease's Lost channel closes
 // when the grant is lost, that Unlock then returns an error wrapping
 // fairlock.ErrLost (and a second Unlock nil, releasing nothing), that the
-// key passes to the next call with a larger token, and that Do cancels
-// fn's context with a cause wrapping ErrLost and returns ErrLost. When New's Lockers
-// are keylock.RWLockers, Shared checks shared holds: readers through
-// different Lockers share, a reader behind a queued writer waits (and
-// TryRLock returns ErrWouldBlock) even while readers hold the key,
-// readers queued together are granted together, a writer that leaves the
-// queue lets the readers behind it in, and reentrancy in shared mode.
-// With Harness.NewSemaphore set, Semaphore checks a 3-unit semaphore:
-// fairlock.ErrInvalidWeight for weights outside 1..3, units shared
-// across Semaphores, head-of-line FIFO (a request of 1 that would fit
-// waits behind a queued request of 2), a cancelled head letting the
-// smaller ones in, reentrancy, and Close.
+// key passes to the next call with a larger token, and that Do (on
+// another Locker: the one that lost a grant is not used again) cancels
+// fn's context with a cause wrapping ErrLost and returns ErrLost. When
+// New's Lockers are keylock.RWLockers, Shared checks shared holds:
+// readers through different Lockers share, a reader behind a queued
+// writer waits (and TryRLock returns ErrWouldBlock) even while readers
+// hold the key, readers queued together are granted together, a writer
+// that leaves the queue lets the readers behind it in, and reentrancy in
+// shared mode (Lock, RLock, TryRLock and Wait). With Harness.NewSemaphore
+// set, Semaphore checks a 3-unit semaphore: fairlock.ErrInvalidWeight for
+// weights outside 1..3, units shared across Semaphores, head-of-line FIFO
+// (a request of 1 that would fit waits behind a queued request of 2), a
+// cancelled head letting the smaller ones in, reentrancy, and every unit
+// back once released; Close/Semaphore checks its Close.
 //
 // # Writing a harness
 //
 // New must return a Locker that excludes every other Locker New returned
 // for the same t: another client, lease or process of the same backend
 // (an in-process harness keeps one fairlock.Locker per t and returns
-// keylock.InProcess views of it). Register their Close in t.Cleanup; the
-// suite unlocks what it still holds before those run. Every harness
+// keylock.InProcess views of it). Register their Close in t.Cleanup, with
+// a bounded context and its error reported: the suite unlocks what it
+// still holds before those run, so a Close that times out means the
+// backend kept a grant that was released (a Close without a bound would
+// hang the test instead of failing it). Every harness
 // function is called with the subtest's t, so state kept per t starts
 // fresh for each check, and keys never repeat across checks.
 //
@@ -84,7 +94,9 @@
 // queued and not granted (in process: Locker.Waiters plus
 // Semaphore.Waiters); or Calls, the calls on key holding or queued (etcd,
 // Redis: the entries in the key's range). Run fails at once on a harness
-// that sets neither.
+// that sets neither, and uses Waiters where both are set. Waiters cannot
+// see a holder, so where a check needs to know that a grant was released
+// it also takes the key with TryLock.
 //
 // Within one check every Semaphore has the same size (a distributed
 // backend may refuse a second size on the same prefix); checks differ.
@@ -106,7 +118,13 @@
 //			if !ok {
 //				l = fairlock.New[string]()
 //				lockers[t] = l
-//				t.Cleanup(func() { l.Close(context.Background()) })
+//				t.Cleanup(func() {
+//					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//					defer cancel()
+//					if err := l.Close(ctx); err != nil {
+//						t.Errorf("Close: %v", err)
+//					}
+//				})
 //			}
 //			return l
 //		}
@@ -480,6 +498,20 @@ func (e *env) wouldBlock(what string, l keylock.Locker, key string) {
 	e.wantErr(what, ls, err, fairlock.ErrWouldBlock)
 }
 
+// free fails unless key is free: a TryLock of it through l, for a new
+// owner, is granted (then unlocked). It is how a check sees that a grant
+// was released when the harness counts only Waiters, which cannot see a
+// holder.
+func (e *env) free(what string, l keylock.Locker, key string) {
+	e.t.Helper()
+	ls, err := l.TryLock(e.flow(), key)
+	if err != nil {
+		e.t.Fatalf("%s: TryLock: %v, want the key free", what, err)
+	}
+	e.wantLease(what, key, ls, err)
+	e.unlock(what, ls)
+}
+
 // later fails unless tok is above before: the fencing order.
 func (e *env) later(what string, tok, before uint64) {
 	e.t.Helper()
@@ -554,6 +586,7 @@ func exclusionUnderLoad(e *env) {
 		inside.Add(-1)
 		if err := lease.Unlock(ctx); err != nil {
 			e.t.Errorf("Unlock: %v", err)
+			e.track(lease) // released again when the check ends
 			return false
 		}
 		return ok
@@ -839,6 +872,7 @@ func do(e *env) {
 	if err != errFn {
 		e.t.Errorf("Do returned %v, want fn's error as it is", err)
 	}
+	e.free("TryLock after Do returned", ls[1], k)
 	e.awaitIdle(k)
 
 	func() {
@@ -849,9 +883,7 @@ func do(e *env) {
 		}()
 		_ = keylock.Do(e.flow(), ls[0].Lock, k, func(context.Context) error { panic(errFn) })
 	}()
-	l, err := ls[1].TryLock(e.flow(), k)
-	l = e.wantLease("TryLock after Do's fn panicked", k, l, err)
-	e.unlock("TryLock's grant", l)
+	e.free("TryLock after Do's fn panicked", ls[1], k)
 
 	// A failed lock: fn does not run, Do returns the error.
 	a := e.lock("Lock through Locker 1", ls[1], k)
@@ -911,6 +943,7 @@ func lockMany(e *env) {
 		e.t.Fatalf("Leases.Unlock: %v", err)
 	}
 	for _, k := range []string{k1, k2, k3} {
+		e.free("TryLock of a key after Leases.Unlock", ls[1], k)
 		e.awaitIdle(k)
 	}
 }
@@ -940,11 +973,9 @@ func closeWakes(e *env) {
 	e.refused(b, fairlock.ErrClosed)
 	e.refused(w, fairlock.ErrClosed)
 	e.awaitQueue(k, 1, 0, closed)
-	e.unlock("the grant held through Close", a)
-	e.await(closed)
-	if closed.err != nil {
-		e.t.Fatalf("Close once its holder released: %v", closed.err)
-	}
+	// Calls made once Close has begun fail with ErrClosed, while Close
+	// still waits for the holder: each of them is also time in which a
+	// Close that does not wait would return, and is caught below.
 	ctx := e.flow()
 	ls, err := l.Lock(ctx, k)
 	e.wantErr("Lock after Close", ls, err, fairlock.ErrClosed)
@@ -956,6 +987,15 @@ func closeWakes(e *env) {
 		e.wantErr("RLock after Close", ls, err, fairlock.ErrClosed)
 		ls, err = rw.TryRLock(ctx, k)
 		e.wantErr("TryRLock after Close", ls, err, fairlock.ErrClosed)
+	}
+	e.countNow(k, 1, 0, "after the calls refused by Close")
+	if closed.returned() {
+		e.t.Fatalf("Close returned (%v) while a grant of its Locker was still held: it must wait for the holder", closed.err)
+	}
+	e.unlock("the grant held through Close", a)
+	e.await(closed)
+	if closed.err != nil {
+		e.t.Fatalf("Close once its holder released: %v", closed.err)
 	}
 	if err := l.Close(ctx); err != nil {
 		e.t.Errorf("a second Close: %v, want nil", err)
@@ -993,16 +1033,20 @@ func closeSemaphore(e *env) {
 	closed := e.goCall("Semaphore.Close", e.flow(), func(ctx context.Context) (keylock.Lease, error) { return nil, s.Close(ctx) })
 	e.refused(q, fairlock.ErrClosed)
 	e.awaitQueue(k, 1, 0, closed)
+	ctx := e.flow()
+	l, err := s.Acquire(ctx, k, 1)
+	e.wantErr("Acquire after Close", l, err, fairlock.ErrClosed)
+	l, err = s.TryAcquire(ctx, k, 1)
+	e.wantErr("TryAcquire after Close", l, err, fairlock.ErrClosed)
+	e.countNow(k, 1, 0, "after the calls refused by Close")
+	if closed.returned() {
+		e.t.Fatalf("Semaphore.Close returned (%v) while units were still held: it must wait for the holder", closed.err)
+	}
 	e.unlock("the units held through Close", u)
 	e.await(closed)
 	if closed.err != nil {
 		e.t.Fatalf("Semaphore.Close once its holder released: %v", closed.err)
 	}
-	ctx := e.flow()
-	u, err = s.Acquire(ctx, k, 1)
-	e.wantErr("Acquire after Close", u, err, fairlock.ErrClosed)
-	u, err = s.TryAcquire(ctx, k, 1)
-	e.wantErr("TryAcquire after Close", u, err, fairlock.ErrClosed)
 	if err := s.Close(ctx); err != nil {
 		e.t.Errorf("a second Semaphore.Close: %v, want nil", err)
 	}
@@ -1015,7 +1059,7 @@ func lost(e *env) {
 	if e.h.Lose == nil {
 		e.t.Skip("the Harness has no Lose")
 	}
-	ls := e.lockers(2)
+	ls := e.lockers(3)
 	k := e.key
 	a := e.lock("Lock through Locker 0", ls[0], k)
 	lostCh := a.Lost()
@@ -1044,14 +1088,16 @@ func lost(e *env) {
 	if err := a.Unlock(ctx); err != nil {
 		e.t.Errorf("a second Unlock of a lost grant: %v, want nil", err)
 	}
-	e.wouldBlock("TryLock after a stale Unlock of a lost grant", ls[0], k)
+	e.wouldBlock("TryLock after a stale Unlock of a lost grant", ls[2], k)
 	e.unlock("the grant after the lost one", lb)
 	e.awaitIdle(k)
 
-	// Do cancels fn's context when the grant is lost.
+	// Do cancels fn's context when the grant is lost. Through Locker 2:
+	// the suite does not assume that a Locker that lost a grant (as in a
+	// crash) takes new ones.
 	leases := make(chan keylock.Lease, 1)
 	lock := func(ctx context.Context, key string) (keylock.Lease, error) {
-		l, err := ls[0].Lock(ctx, key)
+		l, err := ls[2].Lock(ctx, key)
 		if err == nil {
 			leases <- l
 		}
@@ -1086,6 +1132,7 @@ func lost(e *env) {
 	if !errors.Is(do.err, fairlock.ErrLost) {
 		e.t.Errorf("Do whose grant was lost returned %v, want an error wrapping fairlock.ErrLost", do.err)
 	}
+	e.free("TryLock after Do's grant was lost", ls[1], k)
 	e.awaitIdle(k)
 }
 
@@ -1160,7 +1207,9 @@ func shared(e *env) {
 	e.wantErr("TryRLock by an owner that holds the key shared", l, err, fairlock.ErrReentrant)
 	l, err = ls[0].Lock(ctx, k)
 	e.wantErr("Lock (an upgrade) by an owner that holds the key shared", l, err, fairlock.ErrReentrant)
+	e.wantErr("Wait by an owner that holds the key shared", nil, ls[0].Wait(ctx, k), fairlock.ErrReentrant)
 	e.unlock("the reader", r)
+	e.free("TryLock once the readers are gone", ls[1], k)
 	e.awaitIdle(k)
 }
 
@@ -1229,5 +1278,9 @@ func semaphore(e *env) {
 	l, err = ss[0].TryAcquire(ctx, k, 1)
 	e.wantErr("TryAcquire(1) by an owner that holds units of the key", l, err, fairlock.ErrReentrant)
 	e.unlock("the unit", u)
+	// Every unit is back: a new owner gets all n at once.
+	l, err = ss[1].TryAcquire(e.flow(), k, n)
+	l = e.wantLease(fmt.Sprintf("TryAcquire(%d) once every unit was released", n), k, l, err)
+	e.unlock(fmt.Sprintf("the %d units", n), l)
 	e.awaitIdle(k)
 }

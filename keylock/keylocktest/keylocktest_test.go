@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
@@ -44,6 +45,18 @@ func (p *perTest[V]) get(t testing.TB) V {
 	return v
 }
 
+// closeLocker closes l (a Locker or Semaphore), failing t if a grant is
+// still held after a bound: the suite has released all it holds by then,
+// so a grant left is one the backend kept, and an unbounded Close would
+// hang the test.
+func closeLocker(t testing.TB, l interface{ Close(context.Context) error }) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
 // toyHarness runs the suite on a toy of policy p: one toy per test, a
 // toyLocker per New, Lose loses the grant.
 func toyHarness(p policy) keylocktest.Harness {
@@ -51,7 +64,7 @@ func toyHarness(p policy) keylocktest.Harness {
 	return keylocktest.Harness{
 		New: func(t testing.TB) keylock.Locker {
 			l := toys.get(t).locker()
-			t.Cleanup(func() { _ = l.Close(context.Background()) })
+			t.Cleanup(func() { closeLocker(t, l) })
 			return l
 		},
 		Waiters: func(t testing.TB, key string) int { return toys.get(t).waiters(key) },
@@ -67,7 +80,7 @@ func toyCallsHarness() keylocktest.Harness {
 	h := toyHarness(fifo)
 	h.New = func(t testing.TB) keylock.Locker {
 		l := toys.get(t).locker()
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		t.Cleanup(func() { closeLocker(t, l) })
 		return l
 	}
 	h.Waiters = nil
@@ -99,7 +112,7 @@ func independentHarness() keylocktest.Harness {
 			all.mu.Lock()
 			*ls = append(*ls, l)
 			all.mu.Unlock()
-			t.Cleanup(func() { _ = l.Close(context.Background()) })
+			t.Cleanup(func() { closeLocker(t, l) })
 			return keylock.InProcess(l)
 		},
 		Waiters: func(t testing.TB, key string) int {
@@ -126,8 +139,12 @@ func TestRunOnToy(t *testing.T) {
 // TestRunFailsOnBrokenLockers shows that the suite can fail: it runs
 // Run, in a child process (Run takes a *testing.T, and a failing
 // *testing.T fails its test), against Lockers that break one promise
-// each, and checks that the child failed in the check for it. The fair
-// toy in the same child passes, so the failures come from the breakage.
+// each, and checks that the child failed in the check for it: the toy
+// barging, serving the newest waiter first, or forgetting a loss;
+// Lockers that do not exclude each other; and in-process views wrapped
+// to return a typed nil Lease, to share no reads, or to take any weight.
+// The fair toy and the unwrapped views pass in the same child, so the
+// failures come from the breakage.
 func TestRunFailsOnBrokenLockers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the suite in child processes")
@@ -136,10 +153,15 @@ func TestRunFailsOnBrokenLockers(t *testing.T) {
 		broken string
 		want   []string // checks that must fail
 	}{
-		{"fifo", nil}, // the control
+		{"fifo", nil},      // the control for the toy
+		{"inprocess", nil}, // the control for the wrapped in-process lock
 		{"barge", []string{"TryLockNeverOvertakes"}},
 		{"lifo", []string{"FIFO", "Wait"}},
 		{"independent", []string{"Exclusion", "FIFO", "TryLockNeverOvertakes", "Cancellation", "Unlock", "Tokens", "Wait", "Do", "LockMany"}},
+		{"forgetloss", []string{"Lost"}},
+		{"typednil", []string{"Exclusion", "TryLockNeverOvertakes", "Reentrant", "Cancellation", "Unlock", "Wait", "Do", "Close", "Shared"}},
+		{"tryrlockexclusive", []string{"Shared"}},
+		{"anyweight", []string{"Semaphore"}},
 		{"neither", []string{}}, // Run itself fails at once
 	} {
 		t.Run(c.broken, func(t *testing.T) {
@@ -191,8 +213,16 @@ func TestBrokenChild(t *testing.T) {
 	switch broken := os.Getenv(brokenEnv); broken {
 	case "":
 		t.Skip("run by TestRunFailsOnBrokenLockers")
-	case "fifo", "barge", "lifo":
+	case "fifo", "barge", "lifo", "forgetloss":
 		h = toyHarness(policy(broken))
+	case "inprocess":
+		h = wrappedHarness(unwrappedLocker, unwrappedSemaphore)
+	case "typednil":
+		h = wrappedHarness(func(l keylock.RWLocker) keylock.Locker { return typedNil{l} }, unwrappedSemaphore)
+	case "tryrlockexclusive":
+		h = wrappedHarness(func(l keylock.RWLocker) keylock.Locker { return tryRLockExclusive{l} }, unwrappedSemaphore)
+	case "anyweight":
+		h = wrappedHarness(unwrappedLocker, func(s keylock.Semaphore, n int64) keylock.Semaphore { return anyWeight{s, n} })
 	case "independent":
 		h = independentHarness()
 	case "neither":
@@ -216,7 +246,13 @@ func TestRunOnInProcess(t *testing.T) {
 		if !ok {
 			l = fairlock.New[string]()
 			lockers[t] = l
-			t.Cleanup(func() { l.Close(context.Background()) })
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := l.Close(ctx); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			})
 		}
 		return l
 	}

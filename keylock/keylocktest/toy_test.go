@@ -19,7 +19,8 @@ import (
 // passes on it); lifo hands a released key to the newest waiter; barge
 // frees the key on Unlock and lets the woken head waiter race for it,
 // while Lock and TryLock take a free key whoever is queued (sync.Mutex's
-// normal mode).
+// normal mode); forgetLoss is fifo whose Unlock of a lost grant returns
+// nil instead of ErrLost.
 type toy struct {
 	policy policy
 
@@ -34,6 +35,8 @@ const (
 	fifo  policy = "fifo"
 	lifo  policy = "lifo"
 	barge policy = "barge"
+
+	forgetLoss policy = "forgetloss"
 )
 
 // toyKey is a key's state: its holder and its queue, oldest first.
@@ -272,6 +275,9 @@ func (g *toyLease) Unlock(context.Context) error {
 	}
 	g.released = true
 	if g.isLost {
+		if b.policy == forgetLoss {
+			return nil
+		}
 		return &fairlock.LockError{Op: "Unlock", Key: g.key, Owner: g.owner, Err: fairlock.ErrLost}
 	}
 	g.leaveLocked()
