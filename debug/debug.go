@@ -17,17 +17,17 @@
 //
 // Lockers and Semaphores built with fairlock.WithDebug, and etcdlock
 // Lockers built with etcdlock.WithDebug, register themselves while they
-// are open. The registry lives in an internal package that the lockers
-// import, so a program that uses fairlock without this package links no
-// net/http.
+// are open. The registry lives in package debug/registry, which the
+// lockers import, so a program that uses fairlock without this package
+// links no net/http.
 package debug
 
-import "github.com/fairlock/fairlock/internal/registry"
+import "github.com/fairlock/fairlock/debug/registry"
 
 // LockerState is one locker's state: its counters and its live keys,
-// longest held first. (It is an alias of an internal type, so go doc
-// shows no fields; they are listed here.) The JSON field names are
-// stable; durations are integer nanoseconds and times RFC 3339.
+// longest held first. (It is an alias of registry.LockerState; its
+// fields are listed here too.) The JSON field names are stable; durations
+// are integer nanoseconds and times RFC 3339.
 //
 //	Name             string        "name"              WithName's name, or generated
 //	Kind             string        "kind"              "Locker", "Semaphore" or "etcdlock.Locker"
@@ -49,7 +49,7 @@ type LockerState = registry.LockerState
 // KeyState is one live key: its mode, its holders in grant order and its
 // waiters in queue order. Its fields (JSON names in quotes):
 //
-//	Key      string        "key"         rendered by the locker: strings quoted, pointers as type and address, control characters escaped
+//	Key      string        "key"         rendered by the locker: strings quoted, pointers as type and address, control characters escaped; JSON drops a string key's quotes ("key":"user-13")
 //	Mode     string        "mode"        the holders' mode: Exclusive, Shared or Units; "" while nobody holds the key
 //	Units    int64         "units"       the holders' units (Semaphore); 0, omitted, for a Locker
 //	HeldFor  time.Duration "held_for_ns" the age of the oldest grant among the holders
@@ -61,6 +61,7 @@ type KeyState = registry.KeyState
 // HolderState is one grant of a key. Its fields (JSON names in quotes):
 //
 //	Owner    string        "owner"       e.g. "flow#3" or "goroutine#41"
+//	Label    string        "label"       the owner's label (owner.NewLabeledContext); omitted if none
 //	Token    uint64        "token"       the grant's fencing token (Guard.Token)
 //	Units    int64         "units"       Semaphore: units held; omitted if 0
 //	Since    time.Time     "since"       when it was granted
@@ -72,6 +73,7 @@ type HolderState = registry.HolderState
 // WaiterState is one queued call. Its fields (JSON names in quotes):
 //
 //	Owner    string        "owner"       as in HolderState
+//	Label    string        "label"       as in HolderState
 //	Mode     string        "mode"        what it waits for: Exclusive, Shared, Wait or Units
 //	Units    int64         "units"       Semaphore: units asked for; omitted if 0
 //	Since    time.Time     "since"       when it joined the queue

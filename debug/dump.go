@@ -4,23 +4,25 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/debug/registry"
 )
 
 // Dump writes every registered locker's state as text, in the spirit of
 // /debug/pprof/goroutine?debug=1: one block per locker, its live keys
 // longest held first, each with its holders and its waiters in queue
 // order. Long-held keys and long waits are marked "LONG". Keys are
-// rendered by the locker (strings quoted, control characters escaped), so
-// no key can forge a line. It takes each locker's shard mutexes in turn
+// rendered by the locker (strings quoted, control characters escaped),
+// and owners' labels quoted the same way, so no key or label can forge a
+// line. It takes each locker's shard mutexes in turn
 // and allocates in proportion to the live keys; it returns the first
 // write error.
 //
 //	fairlock "orders" (Locker): 2 keys, 3 waiters, long-held after 100ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused
 //	  "order-17" exclusive, held 2.31s LONG
-//	      holder: flow#12 token 41 for 2.31s LONG
+//	      holder: flow#12 "req-42" token 41 for 2.31s LONG
 //	          main.handle /src/app/main.go:42
 //	      waiter 1: goroutine#55 exclusive waiting 2.3s LONG
 func Dump(w io.Writer) error {
@@ -62,7 +64,7 @@ func writeLocker(w io.Writer, st LockerState) {
 		}
 		fmt.Fprintln(w)
 		for _, h := range k.Holders {
-			fmt.Fprintf(w, "      holder: %s token %d", h.Owner, h.Token)
+			fmt.Fprintf(w, "      holder: %s token %d", ownerText(h.Owner, h.Label), h.Token)
 			if h.Units > 0 {
 				fmt.Fprintf(w, " (%s)", count(h.Units, "unit"))
 			}
@@ -70,7 +72,7 @@ func writeLocker(w io.Writer, st LockerState) {
 			writeStack(w, h.Stack)
 		}
 		for i, wt := range k.Waiters {
-			fmt.Fprintf(w, "      waiter %d: %s %s", i+1, wt.Owner, wt.Mode)
+			fmt.Fprintf(w, "      waiter %d: %s %s", i+1, ownerText(wt.Owner, wt.Label), wt.Mode)
 			if wt.Units > 0 {
 				fmt.Fprintf(w, " (%s)", count(wt.Units, "unit"))
 			}
@@ -81,6 +83,16 @@ func writeLocker(w io.Writer, st LockerState) {
 	if st.Omitted > 0 {
 		fmt.Fprintf(w, "  … %d more %s left out\n", st.Omitted, noun(st.Omitted, "key"))
 	}
+}
+
+// ownerText is an owner as the text dump shows it: its name, then its
+// label quoted, as keys are, so that no label can forge a line:
+// flow#3 "req-42".
+func ownerText(name, label string) string {
+	if label == "" {
+		return name
+	}
+	return name + " " + strconv.Quote(label)
 }
 
 func writeStack(w io.Writer, frames []string) {

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/debug/registry"
 )
 
 // defaultLimit is how many keys per locker Handler shows when the request

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fairlock/fairlock/debug"
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/google/go-cmp/cmp"
 )
@@ -41,8 +42,16 @@ func TestHandler(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &got); err != nil {
 			t.Fatal(err)
 		}
-		if diff := cmp.Diff([]debug.LockerState{s.want("http")}, got, ignoreTimes); diff != "" {
+		// JSON carries string keys without the quotes of the text dump.
+		want := s.want("http")
+		for i := range want.Held {
+			want.Held[i].Key = registry.JSONKey(want.Held[i].Key)
+		}
+		if diff := cmp.Diff([]debug.LockerState{want}, got, ignoreTimes); diff != "" {
 			t.Fatalf("JSON (-want +got):\n%s", diff)
+		}
+		if !strings.Contains(body, `"key": "hot"`) || strings.Contains(body, `\"hot\"`) {
+			t.Fatalf("JSON quotes the key twice, or lacks it:\n%s", body)
 		}
 		if h := got[0].Held[0].Holders[0]; got[0].Held[0].HeldFor <= 0 || h.Since.IsZero() || h.Token == 0 {
 			t.Fatalf("times or token lost in JSON: %+v", got[0].Held[0])

@@ -80,7 +80,7 @@ func TestLongHeldWarnings(t *testing.T) {
 	var heldFor []time.Duration
 	for range 3 {
 		r := logs.next(t, "fairlock: lock held too long")
-		if r["level"] != slog.LevelWarn || r["locker"] != "slow" || r["key"] != `"stuck"` || r["holder"] != holder.String() {
+		if r["level"] != slog.LevelWarn || r["locker"] != "slow" || r["key"] != "stuck" || r["holder"] != holder.String() {
 			t.Fatalf("warning %v lacks level/locker/key/holder", r)
 		}
 		if s, _ := r["stack"].(string); !strings.Contains(s, "TestLongHeldWarnings") {

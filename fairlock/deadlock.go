@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -293,13 +294,13 @@ func (r *reduction[K]) keyWait(k K) int32 {
 	return ki
 }
 
-// stuck reports whether k cannot be granted; holder reports whether o
-// holds k and cannot finish. Both after the reduction.
+// stuck reports whether k cannot be granted; blockedHolder reports
+// whether o holds k and cannot finish. Both after the reduction.
 func (r *reduction[K]) stuck(k K) bool {
 	ki, ok := r.keys[k]
 	return ok && !r.keyNodes[ki].granted
 }
-func (r *reduction[K]) holder(o owner.ID, k K) bool {
+func (r *reduction[K]) blockedHolder(o owner.ID, k K) bool {
 	oi, ok := r.owners[o]
 	return ok && r.nodes[oi].blocked > 0 && r.d.holders[k][o] > 0
 }
@@ -314,7 +315,7 @@ func (r *reduction[K]) report(key K) *DeadlockError {
 	seenOwner, seenKey := map[owner.ID]bool{}, map[K]bool{}
 	var find func(k K) bool
 	find = func(k K) bool {
-		if r.holder(r.requester, k) {
+		if r.blockedHolder(r.requester, k) {
 			return true
 		}
 		if seenKey[k] {
@@ -322,7 +323,7 @@ func (r *reduction[K]) report(key K) *DeadlockError {
 		}
 		seenKey[k] = true
 		for h := range r.d.holders[k] {
-			if seenOwner[h] || !r.holder(h, k) {
+			if seenOwner[h] || !r.blockedHolder(h, k) {
 				continue
 			}
 			seenOwner[h] = true
@@ -349,7 +350,7 @@ func (r *reduction[K]) report(key K) *DeadlockError {
 	for k := key; ; {
 		var next owner.ID
 		for h := range r.d.holders[k] {
-			if r.holder(h, k) {
+			if r.blockedHolder(h, k) {
 				next = h
 				break
 			}
@@ -368,22 +369,17 @@ func (r *reduction[K]) report(key K) *DeadlockError {
 	}
 }
 
-// stopWaiting removes one wait of o for key: o left the queue without a
-// grant. The caller holds key's shard mutex.
-func (d *detector[K]) stopWaiting(key K, o owner.ID) {
-	d.mu.Lock()
-	d.dropWait(key, o)
-	d.shrink()
-	d.mu.Unlock()
-}
-
-// settle records what a release or a grant pass did on a key in the
-// graph: the holder that released it (0 for none), the waiters the pass
+// settle records what a transition did on a key in the graph: the
+// holder that released it (0 for none), the owner of a waiter that left
+// the queue without a grant (0 for none), the waiters the grant pass
 // decided (granted ones become holders; every one stops waiting), and
 // whether the key is still awaited (if not, it leaves the graph). The
 // caller holds key's shard mutex.
-func (d *detector[K]) settle(key K, released owner.ID, decided *waiter, awaited bool) {
+func (d *detector[K]) settle(key K, released, left owner.ID, decided *waiter, awaited bool) {
 	d.mu.Lock()
+	if left != 0 {
+		d.dropWait(key, left)
+	}
 	hs := d.holders[key]
 	if released != 0 && hs != nil {
 		if hs[released]--; hs[released] <= 0 {
@@ -400,6 +396,19 @@ func (d *detector[K]) settle(key K, released owner.ID, decided *waiter, awaited 
 		delete(d.holders, key)
 	}
 	d.shrink()
+	d.mu.Unlock()
+}
+
+// handOff records that one hold of key moved from owner from to owner to
+// (Guard.HandOff). The caller holds key's shard mutex.
+func (d *detector[K]) handOff(key K, from, to owner.ID) {
+	d.mu.Lock()
+	if hs := d.holders[key]; hs != nil {
+		if hs[from]--; hs[from] <= 0 {
+			delete(hs, from)
+		}
+		hs[to]++
+	}
 	d.mu.Unlock()
 }
 
@@ -445,7 +454,8 @@ func (d *detector[K]) shrink() {
 func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, derr *DeadlockError) (Guard[K], error) {
 	derr.render = t.renderAny
 	if t.logger.Enabled(ctx, slog.LevelWarn) {
-		t.logger.WarnContext(ctx, "fairlock: deadlock refused", "locker", t.name, "key", t.keyText(key), "owner", id.String(), "cycle", derr.Error())
+		args := ownerAttrs([]any{"locker", t.name, "key", registry.JSONKey(t.keyText(key))}, "owner", id)
+		t.logger.WarnContext(ctx, "fairlock: deadlock refused", append(args, "cycle", derr.Error())...)
 	}
 	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")
 }

@@ -8,15 +8,18 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/debug/registry"
+	"github.com/fairlock/fairlock/owner"
 )
 
 // debugState is a table's debug-mode machinery: its registration with
-// the debug registry and its long-held watchdog. It holds no reference to
-// the table, so that a table dropped without Close can be collected.
+// the debug registry and its long-held watchdog, with the live-shard
+// bitmap the watchdog walks. It holds no reference to the table, so that
+// a table dropped without Close can be collected.
 type debugState struct {
 	longHeld   time.Duration // 0: no watchdog
 	unregister func()        // from the debug registry; safe to call twice
@@ -24,6 +27,11 @@ type debugState struct {
 	wake       chan struct{} // the first live key since the watchdog slept
 	done       sync.WaitGroup
 	stopOnce   sync.Once
+	// liveShards has a bit per shard that has live keys, and liveCount
+	// counts those shards; only with a watchdog, which walks just those
+	// shards and sleeps while there are none.
+	liveShards []atomic.Uint64
+	liveCount  atomic.Int64
 }
 
 // startDebug sets t.dbg, then registers t with the debug registry under
@@ -31,6 +39,9 @@ type debugState struct {
 // read it at once.
 func startDebug[K comparable](t *table[K], cfg config) {
 	d := &debugState{longHeld: max(cfg.longHeld, 0), quit: make(chan struct{}), wake: make(chan struct{}, 1)}
+	if d.longHeld > 0 {
+		d.liveShards = make([]atomic.Uint64, (len(t.shards)+63)/64)
+	}
 	t.dbg = d
 	wt := weak.Make(t)
 	var registered string
@@ -38,6 +49,28 @@ func startDebug[K comparable](t *table[K], cfg config) {
 	if d.longHeld > 0 {
 		d.done.Add(1)
 		go watch(wt, d, registered)
+	}
+}
+
+// markLive records whether shard i has live keys, for the watchdog, and
+// wakes the watchdog when the first shard gets some. The per-key protocol
+// calls it (settle) when a shard becomes live or idle.
+func (d *debugState) markLive(i uint32, live bool) {
+	if d.liveShards == nil {
+		return
+	}
+	word, bit := &d.liveShards[i/64], uint64(1)<<(i%64)
+	if !live {
+		word.And(^bit)
+		d.liveCount.Add(-1)
+		return
+	}
+	word.Or(bit)
+	if d.liveCount.Add(1) == 1 {
+		select {
+		case d.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
 	}
 }
 
@@ -68,15 +101,15 @@ type rawKey[K comparable] struct {
 func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 	t := src.wt.Value()
 	if t == nil {
-		return registry.LockerState{Kind: "Locker"} // collected between the registry's read and this call
+		return registry.LockerState{Kind: lockerKind.String()} // collected between the registry's read and this call
 	}
 	st := registry.LockerState{
-		Kind:          t.kind,
+		Kind:          t.kind.String(),
 		LongHeld:      t.dbg.longHeld,
 		DoubleUnlocks: t.doubleUnlocks.Load(),
 		Reentrant:     t.reentrant.Load(),
 	}
-	if t.kind == "Semaphore" {
+	if t.kind == semaphoreKind {
 		st.Units = t.size
 	}
 	if t.detector != nil {
@@ -90,19 +123,16 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 		now := time.Now()
 		st.Keys += s.live
 		st.Waiters += s.waiting
-		for e := range s.entries() {
+		for v := range s.views() {
 			k := registry.KeyState{
-				Holders: make([]registry.HolderState, 0, e.holding()),
-				Waiters: make([]registry.WaiterState, 0, e.waiters.Len()),
+				Holders: make([]registry.HolderState, 0, v.holding()),
+				Waiters: make([]registry.WaiterState, 0, v.waiting()),
 			}
-			for _, h := range e.holders {
-				if h.owner == 0 {
-					continue // released
-				}
-				hs := registry.HolderState{Owner: h.owner.String(), Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
+			for h := range v.holders() {
+				hs := registry.HolderState{Owner: h.owner.Name(), Label: h.owner.Label(), Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
 				hs.For = now.Sub(hs.Since)
 				hs.LongHeld = long(hs.For)
-				if t.kind == "Semaphore" {
+				if t.kind == semaphoreKind {
 					hs.Units = h.units
 					k.Units += h.units
 				}
@@ -111,19 +141,19 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 				k.Holders = append(k.Holders, hs)
 			}
 			k.LongHeld = long(k.HeldFor)
-			for w := range e.waiters.All() {
+			for r := range v.waiters() {
 				ws := registry.WaiterState{
-					Owner: w.Value.owner.String(), Mode: t.mode(w.Value.units, w.Value.turn),
-					Since: w.Value.now, Stack: frames(w.Value.stack),
+					Owner: r.owner.Name(), Label: r.owner.Label(), Mode: t.mode(r.units, r.turn),
+					Since: r.now, Stack: frames(r.stack),
 				}
-				if t.kind == "Semaphore" {
-					ws.Units = w.Value.units
+				if t.kind == semaphoreKind {
+					ws.Units = r.units
 				}
 				ws.For = now.Sub(ws.Since)
 				ws.LongWait = long(ws.For)
 				k.Waiters = append(k.Waiters, ws)
 			}
-			raw = append(raw, rawKey[K]{e.key, k})
+			raw = append(raw, rawKey[K]{v.key(), k})
 		}
 		s.unlock()
 	}
@@ -148,7 +178,7 @@ func (t *table[K]) mode(units int64, turn bool) string {
 	switch {
 	case turn:
 		return registry.Wait
-	case t.kind == "Semaphore":
+	case t.kind == semaphoreKind:
 		return registry.Units
 	case units == lockerUnits:
 		return registry.Exclusive
@@ -178,19 +208,30 @@ func frames(pcs []uintptr) []string {
 type warning[K comparable] struct {
 	msg    string
 	key    K
-	owner  string
+	owner  owner.ID
 	mode   string
 	token  uint64 // of a grant; 0 for a waiter
 	age    time.Duration
 	stack  []uintptr
-	wait   bool   // a long wait, not a long hold
-	holder string // for a long wait: the key's oldest holder
+	wait   bool     // a long wait, not a long hold
+	holder owner.ID // for a long wait: the key's oldest holder
+}
+
+// ownerAttrs appends the attributes naming id under name to args: its
+// name ("flow#3") and, if it has one, its label under name+"_label", each
+// a string of its own, so that a JSON log carries the label unquoted.
+func ownerAttrs(args []any, name string, id owner.ID) []any {
+	args = append(args, name, id.Name())
+	if l := id.Label(); l != "" {
+		args = append(args, name+"_label", l)
+	}
+	return args
 }
 
 // watch is the watchdog goroutine: every period it warns about holders and
 // waiters that passed longHeld, 2·longHeld, 4·longHeld… since their grant
 // or arrival. While no key is live it sleeps without a timer until
-// markLive wakes it, so an idle table costs no CPU. It holds its table
+// d.markLive wakes it, so an idle table costs no CPU. It holds its table
 // only while it looks at it, and exits when d.quit is closed or the table
 // is gone.
 func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) {
@@ -200,7 +241,7 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 	defer ticker.Stop()
 	var warnings []warning[K]
 	for {
-		if idle(wt) {
+		if asleep(d, wt) {
 			ticker.Stop()
 			select {
 			case <-d.quit:
@@ -218,13 +259,16 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 			if t == nil {
 				return
 			}
-			warnings = t.overdue(d.longHeld, warnings[:0])
+			warnings = t.overdue(d, warnings[:0])
 			for _, w := range warnings {
-				args := []any{"locker", name, "key", t.keyText(w.key), "mode", w.mode}
+				args := []any{"locker", name, "key", registry.JSONKey(t.keyText(w.key)), "mode", w.mode}
 				if !w.wait {
-					args = append(args, "holder", w.owner, "token", w.token, "held_for", w.age)
+					args = ownerAttrs(args, "holder", w.owner)
+					args = append(args, "token", w.token, "held_for", w.age)
 				} else {
-					args = append(args, "waiter", w.owner, "waited", w.age, "holder", w.holder)
+					args = ownerAttrs(args, "waiter", w.owner)
+					args = append(args, "waited", w.age)
+					args = ownerAttrs(args, "holder", w.holder)
 				}
 				if len(w.stack) > 0 {
 					args = append(args, "stack", strings.Join(frames(w.stack), "\n"))
@@ -236,16 +280,17 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 	}
 }
 
-// idle reports whether the table behind wt has no live key (or is gone).
-func idle[K comparable](wt weak.Pointer[table[K]]) bool {
-	t := wt.Value()
-	return t == nil || t.liveCount.Load() == 0
+// asleep reports whether the table behind wt, whose debug state is d,
+// has no live key (or is gone).
+func asleep[K comparable](d *debugState, wt weak.Pointer[table[K]]) bool {
+	return d.liveCount.Load() == 0 || wt.Value() == nil
 }
 
-// overdue collects the warnings due now, marking each as given. It visits
-// only the shards whose bit in t.liveShards is set, so an idle table costs
-// a read of one word per 64 shards.
-func (t *table[K]) overdue(limit time.Duration, out []warning[K]) []warning[K] {
+// overdue collects the warnings due now, for d's watchdog, marking each
+// as given. It visits only the shards whose bit in d.liveShards is set,
+// so an idle table costs a read of one word per 64 shards.
+func (t *table[K]) overdue(d *debugState, out []warning[K]) []warning[K] {
+	limit := d.longHeld
 	due := func(age time.Duration, warned *uint) bool {
 		// The n'th warning is due at limit<<(n-1); skip past thresholds a
 		// slow tick missed so one tick gives at most one warning.
@@ -257,29 +302,26 @@ func (t *table[K]) overdue(limit time.Duration, out []warning[K]) []warning[K] {
 		}
 		return true
 	}
-	for wi := range t.liveShards {
-		for word := t.liveShards[wi].Load(); word != 0; word &= word - 1 {
+	for wi := range d.liveShards {
+		for word := d.liveShards[wi].Load(); word != 0; word &= word - 1 {
 			s := &t.shards[wi*64+bits.TrailingZeros64(word)]
 			s.lock()
 			now := time.Now()
-			for e := range s.entries() {
-				var oldest string // the first live holder, named in long-wait warnings
-				for _, h := range e.holders {
-					if h.owner == 0 {
-						continue // released
-					}
-					if oldest == "" {
-						oldest = h.owner.String()
+			for v := range s.views() {
+				var oldest owner.ID // the first live holder, named in long-wait warnings
+				for h := range v.holders() {
+					if oldest == 0 {
+						oldest = h.owner
 					}
 					if age := now.Sub(h.info.since); due(age, &h.info.warned) {
-						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: e.key, owner: h.owner.String(),
+						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: v.key(), owner: h.owner,
 							mode: t.mode(h.units, false), token: h.token, age: age, stack: h.info.stack})
 					}
 				}
-				for w := range e.waiters.All() {
-					if age := now.Sub(w.Value.now); due(age, &w.Value.warned) {
-						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: e.key, owner: w.Value.owner.String(),
-							mode: t.mode(w.Value.units, w.Value.turn), age: age, stack: w.Value.stack,
+				for r, warned := range v.waiters() {
+					if age := now.Sub(r.now); due(age, warned) {
+						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: v.key(), owner: r.owner,
+							mode: t.mode(r.units, r.turn), age: age, stack: r.stack,
 							wait: true, holder: oldest})
 					}
 				}

@@ -3,8 +3,10 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
@@ -15,6 +17,16 @@ var (
 	// ErrReentrant: the caller's owner (see package owner) already holds the
 	// key. Every call that asks for a key (Lock, RLock, Wait, Acquire,
 	// their Try forms, LockMany) returns it at once instead of deadlocking.
+	//
+	// A grant belongs to the owner of the call that took it, not to
+	// whoever holds its Guard. Code that locks a key and hands the Guard to
+	// another goroutine to unlock later, a hand-off sync.Mutex allows, gets
+	// ErrReentrant from its own next call on the key, where it meant to
+	// wait for that goroutine. Say so with Guard.HandOff before handing
+	// the Guard over: it moves the grant to the owner that will release
+	// it (a flow of the worker's own, from owner.NewContext), and the next
+	// call then waits as any other owner's would. docs/guarantees.md
+	// (Reentrancy) shows the pattern.
 	ErrReentrant = errors.New("fairlock: reentrant lock: the owner already holds the key")
 	// ErrWouldBlock: TryLock, TryRLock or TryAcquire found the key held in
 	// a way that excludes the call, or with queued waiters.
@@ -65,12 +77,14 @@ type LockError struct {
 }
 
 // Error returns a message of the form
-// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`; for
+// `fairlock: Lock "order-7" (flow#3): context deadline exceeded`, the
+// owner with its label if it has one (flow#3 "req-42"); for
 // ErrInvalidWeight it ends with the weight asked for and the units per
 // key: `... (asked for 4; the semaphore has 3 units per key)`. The key
 // is rendered as in debug output: string keys quoted, pointer keys as type
 // and address (or by the Locker's WithKeyFormatter), control characters
-// escaped.
+// escaped; a key whose rendering is longer than 256 bytes is cut there
+// and followed by its size: `"aaaa"… (2097152 bytes)`.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	b.WriteString("fairlock: ")
@@ -79,11 +93,7 @@ func (e *LockError) Error() string {
 	if e.Key == nil && e.Op == "LockMany" { // LockMany's keys are never nil
 		b.WriteString("(no keys)")
 	} else {
-		render := e.render
-		if render == nil {
-			render = renderKey
-		}
-		b.WriteString(render(e.Key))
+		b.WriteString(keyText(e.Key, e.render)) // a long key cut, with its size
 	}
 	if e.Owner != 0 {
 		b.WriteString(" (")
@@ -102,6 +112,41 @@ func (e *LockError) Error() string {
 
 // Unwrap returns the sentinel or context error.
 func (e *LockError) Unwrap() error { return e.Err }
+
+// LogValue implements slog.LogValuer: a LockError logged as an attribute
+// (slog.Any("err", err)) is a group of fields rather than one string:
+//
+//	op     the call, as Op
+//	key    the key rendered as in debug output, a string key without the
+//	       quotes of the text forms (JSON quotes it on its own): user-13
+//	owner  the owner's name, flow#3 or goroutine#41 (omitted if 0)
+//	label  the owner's label (owner.NewLabeledContext), if it has one
+//	cause  the error it wraps, without the "fairlock: " prefix: "context
+//	       deadline exceeded", "reentrant lock: the owner already holds the key"
+//	detail what the call asked for, when that is the fault (ErrInvalidWeight)
+//
+// It renders the key, running the Locker's WithKeyFormatter if it has one,
+// when the handler resolves the value.
+func (e *LockError) LogValue() slog.Value {
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs, slog.String("op", e.Op))
+	if e.Key != nil || e.Op != "LockMany" {
+		attrs = append(attrs, slog.String("key", registry.JSONKey(keyText(e.Key, e.render))))
+	}
+	if e.Owner != 0 {
+		attrs = append(attrs, slog.String("owner", e.Owner.Name()))
+		if l := e.Owner.Label(); l != "" {
+			attrs = append(attrs, slog.String("label", l))
+		}
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("cause", strings.TrimPrefix(e.Err.Error(), "fairlock: ")))
+	}
+	if e.detail != "" {
+		attrs = append(attrs, slog.String("detail", e.detail))
+	}
+	return slog.GroupValue(attrs...)
+}
 
 // resultOf classifies an error for observers. A call that ended with its
 // context is Canceled or DeadlineExceeded whatever the context's cause.

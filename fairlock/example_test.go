@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"runtime"
 
 	"github.com/fairlock/fairlock/fairlock"
@@ -235,4 +236,37 @@ func ExampleLocker_Wait() {
 	refresh.Unlock()
 	<-done
 	// Output: the refresh has finished; user:42 held now: false
+}
+
+// A goroutine that locks a key and hands the Guard to a worker to unlock
+// hands the grant over first; its own next Lock of the key then waits for
+// the worker instead of returning ErrReentrant.
+func ExampleGuard_HandOff() {
+	locks := fairlock.New[string]()
+	defer locks.Close(context.Background())
+	ctx := context.Background()
+
+	g, err := locks.Lock(ctx, "user-1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	wctx := owner.NewContext(context.Background()) // the worker's own flow
+	g.HandOff(owner.Of(wctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer g.Unlock()
+		fmt.Println("worker: done with user-1")
+	}()
+
+	g2, err := locks.Lock(ctx, "user-1") // waits for the worker's Unlock
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("next holder:", g2.Token() > g.Token())
+	g2.Unlock()
+	<-done
+	// Output:
+	// worker: done with user-1
+	// next holder: true
 }

@@ -1,38 +1,24 @@
 package fairlock
 
+import "github.com/fairlock/fairlock/owner"
+
 // Guard is a grant of one key, returned by Lock, RLock, TryLock, TryRLock,
 // Acquire and TryAcquire. It is a value of two words and a K, passed
 // without allocation; copies of it are the same grant. The zero Guard
 // holds nothing.
 type Guard[K comparable] struct {
-	s   *shard[K] // nil for the zero Guard
-	gen uint64    // the grant's token: unique in its shard, so in its key
-	key K
-}
-
-// Unlock ends the grant and, if waiters queued on the key now fit, hands
-// the key to them in arrival order. It never blocks beyond the shard
-// mutex: a grant that took the lock-free fast path and was never looked at
-// since is released with one compare-and-swap; any other takes the shard
-// mutex. With GOMAXPROCS=1, one hand-off in 64 per shard yields the
-// processor (runtime.Gosched) before waking the new holder, so that a hot
-// key's chain of wake-ups cannot keep other runnable goroutines off it.
-//
-// Unlock is idempotent: a second Unlock of the same Guard, or of a copy,
-// does nothing, even if the key has since been granted to someone else
-// (each grant has its own token, and a Guard releases only its own). Such
-// stale Unlocks are counted in debug output. The zero Guard's Unlock is a
-// no-op. Any goroutine may call Unlock, also after Close.
-func (g Guard[K]) Unlock() {
-	if g.s == nil {
-		return
-	}
-	if g.s.state.CompareAndSwap(g.gen<<genShift|heldBit, g.gen<<genShift) {
-		return // a fast grant, still in fast mode: nobody waits
-	}
-	if !g.release(true) {
-		g.s.t.doubleUnlocks.Add(1)
-	}
+	// Unlock and release are in entry.go, with the rest of the per-key
+	// protocol.
+	//
+	// A Guard does not carry its key's hash (tag): an Unlock that takes
+	// the shard mutex hashes the key again, and a lock-free one needs no
+	// hash. A third word would take a Guard of a string key past four
+	// words, the most that cmd/compile keeps in registers (ssa.CanSSA),
+	// and every Lock would return its Guard through memory, which costs
+	// the uncontended cycle more than the hash costs the mutex path.
+	s     *shard[K] // nil for the zero Guard
+	token uint64    // the grant's token: unique in its shard, so in its key
+	key   K
 }
 
 // Key returns the key g holds (the zero K for the zero Guard).
@@ -52,4 +38,56 @@ func (g Guard[K]) Key() K { return g.key }
 // A holder paused past its grant (a long GC, a stuck network call) then
 // cannot overwrite the work of the holder after it. Tokens of different
 // keys, or of different Lockers, are not comparable.
-func (g Guard[K]) Token() uint64 { return g.gen }
+func (g Guard[K]) Token() uint64 { return g.token }
+
+// HandOff moves the grant to owner to, the goroutine or flow that will
+// release it, and reports whether g was still a current grant (false for
+// the zero Guard, a Guard already unlocked, or to == 0; nothing changes
+// then).
+//
+// A grant belongs to the owner of the call that took it (owner.Of of its
+// ctx), and a call of that owner on the same key returns ErrReentrant at
+// once. That is right when the owner itself would release the key, and
+// wrong when it hands the Guard to another goroutine that releases it
+// later, the way a sync.Mutex is handed over: the first goroutine's next
+// Lock of the key should wait for the other to unlock. HandOff says so.
+// Give the worker a flow of its own and hand the grant to it before
+// handing the Guard over, so no Lock of the old owner can come between:
+//
+//	g, err := l.Lock(ctx, key)
+//	...
+//	wctx := owner.NewContext(context.Background())
+//	g.HandOff(owner.Of(wctx)) // the grant is wctx's flow's from now on
+//	go func() { defer g.Unlock(); work(wctx) }()
+//	g2, err := l.Lock(ctx, key) // waits for the worker's Unlock
+//
+// From then on reentrancy checks, deadlock detection and debug output
+// see the grant as to's, and a call by to on the key returns
+// ErrReentrant. The grant's token, mode and place are unchanged; any
+// goroutine may still Unlock it. HandOff takes the shard mutex (a grant
+// of the lock-free path becomes an ordinary one, released under the mutex
+// too); with WithDeadlockDetection, on a key others wait for, it also
+// takes the detector's mutex and moves the hold in its wait-for graph. It
+// allocates nothing beyond, at most, the new owner's entry in the maps
+// that count the holders of a key many hold (or that others wait for).
+func (g Guard[K]) HandOff(to owner.ID) bool {
+	if g.s == nil || to == 0 {
+		return false
+	}
+	s := g.s
+	tag := s.t.tagOf(g.key)
+	s.lock() // inflates a fast grant into an entry
+	defer s.unlock()
+	e := s.find(g.key, tag)
+	if e == nil {
+		return false
+	}
+	from, ok := e.handOff(g.token, to, s.ownerCounts(e))
+	if !ok {
+		return false
+	}
+	if from != to && e.tracked {
+		s.t.detector.handOff(g.key, from, to)
+	}
+	return true
+}

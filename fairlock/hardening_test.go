@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -24,7 +24,7 @@ func TestContextEndedWhileWaitingForShardMutex(t *testing.T) {
 	defer l.Close(context.Background())
 	s := &l.t.shards[0]
 	const token = 7
-	s.state.Store(token<<genShift | heldBit | claimingBit) // another key's claim, mid-publish
+	s.state.Store(token<<tokenShift | heldBit | claimingBit) // another key's claim, mid-publish
 
 	ctx, cancel := context.WithCancel(context.Background())
 	backingOff := make(chan struct{}, 1)
@@ -45,10 +45,10 @@ func TestContextEndedWhileWaitingForShardMutex(t *testing.T) {
 	}()
 	<-backingOff // Lock passed its early context check and waits for the shard
 	cancel()
-	s.fastKey, s.fastOwner, s.fastUnits = "other", owner.Goroutine(), lockerUnits
-	s.state.Store(token<<genShift | heldBit)
+	s.fastKey, s.fastTag, s.fastOwner, s.fastUnits = "other", l.t.tagOf("other"), owner.Goroutine(), lockerUnits
+	s.state.Store(token<<tokenShift | heldBit)
 	err := <-res
-	Guard[string]{s: s, gen: token, key: "other"}.Unlock()
+	Guard[string]{s: s, token: token, key: "other"}.Unlock()
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock whose context ended while it waited for the shard mutex: %v, want context.Canceled", err)
 	}
@@ -66,7 +66,7 @@ func TestClaimWaitBacksOff(t *testing.T) {
 	defer l.Close(context.Background())
 	s := &l.t.shards[0]
 	const token = 3
-	s.state.Store(token<<genShift | heldBit | claimingBit)
+	s.state.Store(token<<tokenShift | heldBit | claimingBit)
 	var tries atomic.Int64
 	testHookClaimWait = func() { tries.Add(1) }
 	defer func() { testHookClaimWait = nil }()
@@ -76,10 +76,10 @@ func TestClaimWaitBacksOff(t *testing.T) {
 	// of 1µs, 2µs … 1ms (about 2ms in all), then 1ms each.
 	const hold = 50 * time.Millisecond
 	time.Sleep(hold)
-	s.fastKey, s.fastOwner, s.fastUnits = "k", owner.Goroutine(), lockerUnits
-	s.state.Store(token<<genShift | heldBit)
+	s.fastKey, s.fastTag, s.fastOwner, s.fastUnits = "k", l.t.tagOf("k"), owner.Goroutine(), lockerUnits
+	s.state.Store(token<<tokenShift | heldBit)
 	locked := <-done
-	Guard[string]{s: s, gen: token, key: "k"}.Unlock()
+	Guard[string]{s: s, token: token, key: "k"}.Unlock()
 	if !locked {
 		t.Fatal("Locked(k) = false once the claim was published")
 	}
@@ -195,8 +195,8 @@ func TestWatchdogVisitsOnlyLiveShards(t *testing.T) {
 	defer l.Close(context.Background())
 	ctx := context.Background()
 	bits := func() (n int) {
-		for i := range l.t.liveShards {
-			for w := l.t.liveShards[i].Load(); w != 0; w &= w - 1 {
+		for i := range l.t.dbg.liveShards {
+			for w := l.t.dbg.liveShards[i].Load(); w != 0; w &= w - 1 {
 				n++
 			}
 		}
@@ -326,7 +326,7 @@ func TestContextMethodsRunOutsideShardMutex(t *testing.T) {
 	defer l.Close(context.Background())
 	s := &l.t.shards[0]
 	const token = 5
-	s.state.Store(token<<genShift | heldBit | claimingBit) // a claim mid-publish on another key
+	s.state.Store(token<<tokenShift | heldBit | claimingBit) // a claim mid-publish on another key
 	inner, cancel := context.WithCancel(context.Background())
 	ctx := &errProbeCtx{Context: inner, l: l}
 	backingOff := make(chan struct{}, 1)
@@ -342,10 +342,10 @@ func TestContextMethodsRunOutsideShardMutex(t *testing.T) {
 	<-backingOff // past the early context check, waiting for the shard
 	cancel()
 	ctx.armed.Store(true)
-	s.fastKey, s.fastOwner, s.fastUnits = "other", owner.Goroutine(), lockerUnits
-	s.state.Store(token<<genShift | heldBit)
+	s.fastKey, s.fastTag, s.fastOwner, s.fastUnits = "other", l.t.tagOf("other"), owner.Goroutine(), lockerUnits
+	s.state.Store(token<<tokenShift | heldBit)
 	err := <-res
-	Guard[string]{s: s, gen: token, key: "other"}.Unlock()
+	Guard[string]{s: s, token: token, key: "other"}.Unlock()
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock: %v, want context.Canceled", err)
 	}

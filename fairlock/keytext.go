@@ -27,6 +27,43 @@ import (
 //   - whatever the result, control and other non-printing characters are
 //     escaped as in a Go string literal.
 
+// keyTextMax is about how many bytes of a key an error or a log record
+// shows: a key can be as long as a caller likes (a 2 MiB key that etcd
+// refuses, say), and a message that embeds all of it is unreadable.
+const keyTextMax = 256
+
+// keyText renders k for an error or a log record, with render (renderKey
+// if nil), cut to keyTextMax bytes when longer and followed by the size:
+// a string key as its quoted first bytes, `"abc"… (2097152 bytes)`;
+// another rendering as its first bytes, `{abc… (300 bytes rendered)`.
+// A cut falls on a rune boundary.
+func keyText(k any, render func(any) string) string {
+	if s, ok := k.(string); ok && render == nil {
+		if len(s) <= keyTextMax {
+			return strconv.Quote(s)
+		}
+		return strconv.Quote(s[:runeCut(s, keyTextMax)]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
+	}
+	if render == nil {
+		render = renderKey
+	}
+	r := render(k)
+	if len(r) <= keyTextMax {
+		return r
+	}
+	return r[:runeCut(r, keyTextMax)] + "… (" + strconv.Itoa(len(r)) + " bytes rendered)"
+}
+
+// runeCut returns the largest n <= max at which s can be cut without
+// splitting a UTF-8 sequence.
+func runeCut(s string, max int) int {
+	n := max
+	for n > 0 && n > max-utf8.UTFMax && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return n
+}
+
 // renderKey renders k by the rules above.
 func renderKey(k any) string {
 	if s, ok := k.(string); ok {
@@ -114,4 +151,15 @@ func escapeNonPrinting(s string) string {
 		}
 	}
 	return s
+}
+
+// keyText renders key for errors, debug output and warnings: with the
+// WithKeyFormatter function if one was given, else by renderKey's rules;
+// control characters are escaped either way. It may run user code, so it
+// is never called with a shard mutex held.
+func (t *table[K]) keyText(key K) string {
+	if t.keyFormat != nil {
+		return escapeNonPrinting(t.keyFormat(key))
+	}
+	return renderKey(key)
 }

@@ -14,7 +14,9 @@
 // Each call has an owner, owner.Of(ctx): the flow token carried by ctx
 // (owner.NewContext), or else the calling goroutine. Reentrancy and
 // deadlock detection are per owner. Unlock is not: a Guard may be unlocked
-// from any goroutine.
+// from any goroutine. A Guard handed to another goroutine to unlock is
+// handed over with Guard.HandOff, so that the first owner's next call on
+// the key waits for it instead of returning ErrReentrant.
 //
 // # Memory model
 //
@@ -26,27 +28,17 @@
 // # Costs
 //
 // An uncontended Lock, RLock or Acquire and its Unlock, on a key whose
-// shard holds no other key, is three atomic operations on the shard's state
-// word and no mutex; anything else takes the shard mutex. That mutex is the
-// only wait of a Try call, Unlock, Locked or Waiters ("never blocks beyond
-// the shard mutex"): it is held only for bookkeeping, and taking it waits
-// out a lock-free grant of the same shard caught between its two
-// publishing stores (yielding, then sleeping briefly if that grant's
-// goroutine was preempted there). Neither allocates with debug and
-// observer off, as long as its shard has a released key entry to reuse: a
-// shard keeps up to 16, so when more of its keys become live than it has
-// spares for, each extra key allocates its entry and holder slice (two
-// objects). A call that must wait allocates nothing more once the package
-// has warmed up (waiters are recycled), except with
-// WithDeadlockDetection, whose check of each waiting call allocates its
-// graph arrays, and WithStacks, which records each call's stack. A
-// key's state exists only while the key is held or awaited, so a Locker
-// over millions of distinct keys holds memory only for the ones in use;
-// beyond that, each shard keeps a reference to the last key granted on
-// its lock-free path (at most one key per shard, so a pointer key's
-// object stays reachable) until the shard is next used, Len or Close
-// runs, or the Locker is dropped. Clearing it in the lock-free Unlock
-// would cost that Unlock a second atomic operation.
+// shard (WithShards) holds nothing else, take no mutex: a few atomic
+// operations. Any other call takes the key's shard mutex, held only for
+// bookkeeping; it is the only wait of Unlock, the Try forms, Locked and
+// Waiters. With debug and observer off, a grant allocates nothing, and a
+// call that waits allocates nothing once warm, except: a key's state when
+// its shard has no recycled one (a shard keeps 16), a returned error,
+// WithDeadlockDetection's check of a call about to wait, and WithStacks'
+// stack of every call. Memory is held only for keys in use; beyond them,
+// each shard keeps the last key it granted without the mutex (a pointer
+// key's object stays reachable) until the shard is next used, Len or
+// Close runs, or the Locker is dropped. docs/design.md has the mechanism.
 package fairlock
 
 import "context"
@@ -77,7 +69,7 @@ type Locker[K comparable] struct {
 // watchdog, some time after it becomes unreachable (runtime.AddCleanup).
 func New[K comparable](opts ...Option) *Locker[K] {
 	l := new(Locker[K])
-	l.t.init("Locker", lockerUnits, opts)
+	l.t.init(lockerKind, lockerUnits, opts)
 	return l
 }
 
@@ -99,21 +91,13 @@ func New[K comparable](opts ...Option) *Locker[K] {
 //     a NaN).
 //
 // The returned error is a *LockError naming the key and owner; building
-// it allocates. A granted Lock allocates nothing when it does not wait,
-// and nothing beyond a recycled waiter when it does, but for the graph
-// check of WithDeadlockDetection, the stack of WithStacks, and the key's
-// entry when its shard has no released entry to reuse (see Costs in the
-// package doc). A nil ctx panics, as in every call that asks for a key;
-// Close takes nil as context.Background. On a key whose shard
-// (of WithShards) holds nothing else, and without WithDebug or
-// WithObserver, Lock is lock-free: one compare-and-swap and one atomic
-// store, without the shard mutex.
+// it allocates. A granted Lock allocates nothing but what Costs in the
+// package doc lists, and takes no mutex on a key whose shard holds
+// nothing else. A nil ctx panics, as in every call that asks for a key;
+// Close takes nil as context.Background.
 func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
 	s, tag := l.t.shardOf(key)
-	if g, ok := l.t.fastGrant(ctx, s, key, lockerUnits); ok {
-		return g, nil
-	}
-	return l.t.acquire(ctx, "Lock", key, s, tag, request{units: lockerUnits}, false)
+	return l.t.acquire(ctx, "Lock", s, key, tag, lockerUnits, askBlock)
 }
 
 // TryLock locks key exclusively for the owner of ctx if it can do so at
@@ -129,10 +113,7 @@ func (l *Locker[K]) Lock(ctx context.Context, key K) (Guard[K], error) {
 // polls TryLock in a loop pays that per refused try.
 func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 	s, tag := l.t.shardOf(key)
-	if g, ok := l.t.fastGrant(ctx, s, key, lockerUnits); ok {
-		return g, nil
-	}
-	return l.t.acquire(ctx, "TryLock", key, s, tag, request{units: lockerUnits}, true)
+	return l.t.acquire(ctx, "TryLock", s, key, tag, lockerUnits, askTry)
 }
 
 // RLock locks key shared for the owner of ctx: any number of RLock
@@ -155,10 +136,7 @@ func (l *Locker[K]) TryLock(ctx context.Context, key K) (Guard[K], error) {
 // RLock and its Unlock take the lock-free path where Lock would.
 func (l *Locker[K]) RLock(ctx context.Context, key K) (Guard[K], error) {
 	s, tag := l.t.shardOf(key)
-	if g, ok := l.t.fastGrant(ctx, s, key, 1); ok {
-		return g, nil
-	}
-	return l.t.acquire(ctx, "RLock", key, s, tag, request{units: 1}, false)
+	return l.t.acquire(ctx, "RLock", s, key, tag, 1, askBlock)
 }
 
 // TryRLock locks key shared for the owner of ctx if it can do so at once:
@@ -169,10 +147,7 @@ func (l *Locker[K]) RLock(ctx context.Context, key K) (Guard[K], error) {
 // the context's error.
 func (l *Locker[K]) TryRLock(ctx context.Context, key K) (Guard[K], error) {
 	s, tag := l.t.shardOf(key)
-	if g, ok := l.t.fastGrant(ctx, s, key, 1); ok {
-		return g, nil
-	}
-	return l.t.acquire(ctx, "TryRLock", key, s, tag, request{units: 1}, true)
+	return l.t.acquire(ctx, "TryRLock", s, key, tag, 1, askTry)
 }
 
 // Wait takes a zero-length exclusive turn in key's queue: it queues like a
@@ -195,10 +170,7 @@ func (l *Locker[K]) TryRLock(ctx context.Context, key K) (Guard[K], error) {
 // idle reads one atomic word and takes no mutex.
 func (l *Locker[K]) Wait(ctx context.Context, key K) error {
 	s, tag := l.t.shardOf(key)
-	if ctx != nil && ctx.Err() == nil && key == key && s.state.Load()&(heldBit|slowBit) == 0 {
-		return nil // nothing is held or awaited on the whole shard
-	}
-	_, err := l.t.acquire(ctx, "Wait", key, s, tag, request{turn: true}, false)
+	_, err := l.t.acquire(ctx, "Wait", s, key, tag, 0, askTurn)
 	return err
 }
 

@@ -61,9 +61,7 @@ func (m MultiGuard[K]) Keys() []K {
 // had been granted. This follows x/sync's semaphore, whose Acquire of 0
 // fails on a done context.
 func LockMany[K cmp.Ordered](ctx context.Context, l *Locker[K], keys ...K) (MultiGuard[K], error) {
-	if ctx == nil {
-		panic("fairlock: LockMany with a nil context")
-	}
+	mustContext(ctx, "LockMany")
 	if len(keys) == 0 {
 		return MultiGuard[K]{}, l.lockNone(ctx)
 	}

@@ -35,7 +35,7 @@ func NewSemaphore[K comparable](n int64, opts ...Option) *Semaphore[K] {
 		panic(fmt.Sprintf("fairlock: NewSemaphore with %d units; want at least 1", n))
 	}
 	s := new(Semaphore[K])
-	s.t.init("Semaphore", n, opts)
+	s.t.init(semaphoreKind, n, opts)
 	return s
 }
 
@@ -57,10 +57,7 @@ func (s *Semaphore[K]) Acquire(ctx context.Context, key K, w int64) (Guard[K], e
 	if w < 1 || w > s.t.size {
 		return s.invalidWeight(ctx, "Acquire", key, w)
 	}
-	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
-		return g, nil
-	}
-	return s.t.acquire(ctx, "Acquire", key, sh, tag, request{units: w}, false)
+	return s.t.acquire(ctx, "Acquire", sh, key, tag, w, askBlock)
 }
 
 // TryAcquire takes w units of key for the owner of ctx if it can do so at
@@ -72,15 +69,13 @@ func (s *Semaphore[K]) TryAcquire(ctx context.Context, key K, w int64) (Guard[K]
 	if w < 1 || w > s.t.size {
 		return s.invalidWeight(ctx, "TryAcquire", key, w)
 	}
-	if g, ok := s.t.fastGrant(ctx, sh, key, w); ok {
-		return g, nil
-	}
-	return s.t.acquire(ctx, "TryAcquire", key, sh, tag, request{units: w}, true)
+	return s.t.acquire(ctx, "TryAcquire", sh, key, tag, w, askTry)
 }
 
 // invalidWeight fails a call that asked for w units, outside 1 to n: a
 // *LockError wrapping ErrInvalidWeight whose message names w and n.
 func (s *Semaphore[K]) invalidWeight(ctx context.Context, op string, key K, w int64) (Guard[K], error) {
+	mustContext(ctx, op)
 	g, err := s.t.fail(ctx, op, key, 0, ErrInvalidWeight, 0, true)
 	err.(*LockError).detail = fmt.Sprintf("asked for %d; the semaphore has %s per key", w, count(s.t.size, "unit"))
 	return g, err

@@ -22,22 +22,22 @@ const inlineSlots = 8
 type shard[K comparable] struct {
 	// state is the shard's mode and fast grant: see the fast path below.
 	state atomic.Uint64
-	// fastKey, fastOwner and fastUnits are the fast holder's key, owner
-	// and units. The fast claimant writes them between its claiming CAS
+	// fastKey, fastTag, fastOwner and fastUnits are the fast holder's key,
+	// the key's tag, owner and units. The fast claimant writes them between its claiming CAS
 	// and the Store that publishes them; others read them only after
 	// seeing that Store. A fast Unlock leaves them in place (clearing them
 	// would race the next claim), so a shard keeps a reference to its last
 	// fast key until the next claim or inflate: at most one key per shard.
 	fastKey   K
+	fastTag   uint64 // fastKey's tag, for inflate
 	fastOwner owner.ID
 	fastUnits int64
 
-	t      *table[K]
-	fast   bool   // the table takes the fast path: no debug or observer
-	closed bool   // guarded by mu: Close has run over this shard
-	shrunk bool   // guarded by mu: overflow was made anew from a larger map
-	idx    uint32 // the shard's index in t.shards
-	mu     sync.Mutex
+	// t is the shard's table, for a Guard's Unlock to reach; the shard
+	// itself never calls its table: its operations report what changed
+	// (insert, remove) and the caller books it.
+	t  *table[K]
+	mu sync.Mutex
 
 	live     int                    // guarded by mu: live keys, inline and overflow
 	tags     [inlineSlots]uint64    // guarded by mu: hash|1 of slots[i]'s key; 0 for an empty slot
@@ -47,12 +47,17 @@ type shard[K comparable] struct {
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
 	// owners indexes the holders of entries with many (indexed set), so
 	// that the reentrancy check of one more reader does not scan them all.
-	owners   map[*entry[K]]*ownerIndex // guarded by mu
-	infos    infoFree                  // guarded by mu: recycled holdInfos (timed tables)
-	waiting  int                       // guarded by mu: waiters over all entries
-	gen      uint64                    // guarded by mu: last grant token handed out (in slow mode)
-	handOffs uint64                    // guarded by mu: grant passes that decided a waiter
-	parks    uint64                    // guarded by mu: waiters queued, for refreshing procs
+	owners  map[*entry[K]]*ownerIndex // guarded by mu
+	books   books                     // guarded by mu: what the entries' transitions share (entry.go)
+	waiting int                       // guarded by mu: waiters over all entries
+	closed  bool                      // guarded by mu: Close has run over this shard
+	shrunk  bool                      // guarded by mu: overflow was made anew from a larger map
+	// handOffs counts grant passes that decided a waiter, for the yield of
+	// the hand-off, and parks waiters queued, for refreshing procs. Both
+	// guarded by mu; only ever read modulo 64, so 8 bits wrap in step.
+	handOffs uint8
+	parks    uint8
+	idx      uint32 // the shard's index in t.shards
 	_        [64]byte
 }
 
@@ -61,9 +66,10 @@ type shard[K comparable] struct {
 // A shard is in one of two modes, told by its state word. In fast mode no
 // key of the shard has an entry and at most one key is held, by a fast
 // grant: Lock, RLock or Acquire claims an idle shard with one
-// compare-and-swap and Unlock frees it with another, without the mutex. In
-// slow mode (slowBit) the mutex-guarded entries are the whole truth and the
-// state word is left alone. Anything other than an uncontended grant on an
+// compare-and-swap (claim) and Unlock frees it with another (unlockFast),
+// without the mutex; idle is the one test of "idle". In slow mode
+// (slowBit) the mutex-guarded entries are the whole truth and the state
+// word is left alone. Anything other than an uncontended grant on an
 // idle shard (a second key on the shard, a second holder or a waiter,
 // TryLock refused, Locked, Close) takes the mutex and switches the shard
 // to slow mode first, turning a fast grant into an ordinary entry
@@ -73,12 +79,12 @@ type shard[K comparable] struct {
 // The word holds the token of the shard's last grant above three flag
 // bits, so a Guard of a fast grant ({shard, token}) frees the shard only
 // while that very grant is current, as a holder's token does for slow
-// grants. Tokens are one counter for both modes: s.gen takes over the
-// word's on inflate and hands it back on unlock, so every grant of a key,
+// grants. Tokens are one counter for both modes: s.books.token takes over
+// the word's on inflate and hands it back on unlock, so every grant of a key,
 // in either mode, has a larger token than the grants before it. 61 bits
 // of token do not wrap in the life of a process.
 //
-// Publishing the fast holder's key, owner and units takes a third atomic
+// Publishing the fast holder's key, tag, owner and units takes a third atomic
 // operation (claim with claimingBit, write, Store without it): they cannot
 // be written before the claim, where racing claimants would overwrite each
 // other, and Go has no cheaper release-only store. A mutex holder that
@@ -92,26 +98,39 @@ type shard[K comparable] struct {
 // asks.
 const (
 	heldBit     = 1 << 0 // fast mode: a fast grant holds the shard
-	claimingBit = 1 << 1 // with heldBit: fastKey, fastOwner, fastUnits not yet published
+	claimingBit = 1 << 1 // with heldBit: fastKey, fastTag, fastOwner, fastUnits not yet published
 	slowBit     = 1 << 2 // slow mode: the mutex-guarded entries are the truth
-	genShift    = 3      // the token sits above the flags
+	tokenShift  = 3      // the token sits above the flags
 )
 
-// claim grants key to id for units on an idle shard in fast mode; it
-// reports false, having changed nothing, if the shard is not idle in fast
-// mode or another claim won.
-func (s *shard[K]) claim(key K, id owner.ID, units int64) (token uint64, ok bool) {
+// idle reports whether the state word st says "idle in fast mode":
+// nothing is held or awaited on the whole shard, so a grant there
+// overtakes nobody.
+func idle(st uint64) bool { return st&(heldBit|slowBit) == 0 }
+
+// claim grants key, whose tag is tag, to id for units on an idle shard;
+// it reports false, having changed nothing, if the shard is not idle or
+// another claim won. (A Wait on an idle shard needs no claim: it holds
+// nothing, and its turn is now.)
+func (s *shard[K]) claim(key K, tag uint64, id owner.ID, units int64) (token uint64, ok bool) {
 	st := s.state.Load()
-	if st&(heldBit|slowBit) != 0 {
+	if !idle(st) {
 		return 0, false
 	}
-	token = st>>genShift + 1
-	if !s.state.CompareAndSwap(st, token<<genShift|heldBit|claimingBit) {
+	token = st>>tokenShift + 1
+	if !s.state.CompareAndSwap(st, token<<tokenShift|heldBit|claimingBit) {
 		return 0, false
 	}
-	s.fastKey, s.fastOwner, s.fastUnits = key, id, units
-	s.state.Store(token<<genShift | heldBit) // publish
+	s.fastKey, s.fastTag, s.fastOwner, s.fastUnits = key, tag, id, units
+	s.state.Store(token<<tokenShift | heldBit) // publish
 	return token, true
+}
+
+// unlockFast frees the shard from the fast grant with token; it reports
+// false, having changed nothing, if that grant is not the shard's current
+// fast grant (the shard went to slow mode, or the grant is stale).
+func (s *shard[K]) unlockFast(token uint64) bool {
+	return s.state.CompareAndSwap(token<<tokenShift|heldBit, token<<tokenShift)
 }
 
 // lock takes s.mu and puts s in slow mode, inflating a fast grant into an
@@ -160,22 +179,24 @@ func (s *shard[K]) inflate() bool {
 		case st&claimingBit != 0:
 			return false
 		case st&heldBit != 0:
-			token := st >> genShift
-			if !s.state.CompareAndSwap(st, token<<genShift|slowBit) {
+			token := st >> tokenShift
+			if !s.state.CompareAndSwap(st, token<<tokenShift|slowBit) {
 				continue // the fast holder unlocked meanwhile
 			}
 			// The holder's Unlock now fails its CAS and comes to the mutex.
-			s.gen = token
+			s.books.token = token
 			e := s.newEntry(s.fastKey)
-			e.holders = append(e.holders, holder{owner: s.fastOwner, token: token, units: s.fastUnits})
-			e.used = s.fastUnits
-			s.insert(e, s.t.tagOf(e.key))
+			e.hold(holder{owner: s.fastOwner, token: token, units: s.fastUnits})
+			// The shard had no live key, so it becomes live here; nobody
+			// needs to hear it: the only listener, debug's watchdog, runs
+			// on tables that keep every shard in slow mode.
+			s.insert(e, s.fastTag)
 			var zero K
 			s.fastKey, s.fastOwner = zero, 0 // keep no reference to the key
 			return true
 		default:
 			if s.state.CompareAndSwap(st, st|slowBit) {
-				s.gen = st >> genShift
+				s.books.token = st >> tokenShift
 				var zero K
 				s.fastKey, s.fastOwner = zero, 0 // the last fast grant's, released
 				return true
@@ -184,21 +205,13 @@ func (s *shard[K]) inflate() bool {
 	}
 }
 
-// unlock returns s to fast mode if it has no live key, then releases s.mu.
+// unlock returns s to fast mode if it has no live key (and its table is
+// neither timed nor closed: see the fast path), then releases s.mu.
 func (s *shard[K]) unlock() {
-	if s.live == 0 && s.fast && !s.closed {
-		s.state.Store(s.gen << genShift)
+	if s.live == 0 && !s.books.timed() && !s.closed {
+		s.state.Store(s.books.token << tokenShift) // idle
 	}
 	s.mu.Unlock()
-}
-
-// infoPool returns the shard's holdInfo free list on a timed table, nil
-// otherwise.
-func (s *shard[K]) infoPool() *infoFree {
-	if !s.t.timed {
-		return nil
-	}
-	return &s.infos
 }
 
 // newEntry takes a recycled entry, or a new one, for key. s.mu is held.
@@ -216,10 +229,6 @@ func (s *shard[K]) newEntry(key K) *entry[K] {
 
 const (
 	maxFree = 16 // recycled entries kept per shard
-	// maxKeptHolders: a recycled entry keeps its holders slice only up to
-	// this capacity, so a key once read by many does not keep memory at
-	// that peak.
-	maxKeptHolders = 8
 	// shrinkAt: an overflow map that grew past this many keys is dropped
 	// once it empties, since Go maps never shrink.
 	shrinkAt = 1024
@@ -238,15 +247,14 @@ func (s *shard[K]) find(key K, tag uint64) *entry[K] {
 	return nil
 }
 
-// insert adds e, whose key has no entry yet. s.mu is held.
-func (s *shard[K]) insert(e *entry[K], tag uint64) {
-	if s.live++; s.live == 1 {
-		s.t.markLive(s.idx, true)
-	}
+// insert adds e, whose key has tag and no entry yet, and reports whether
+// the shard became live: e is its only live key. s.mu is held.
+func (s *shard[K]) insert(e *entry[K], tag uint64) (becameLive bool) {
+	s.live++
 	for i := range s.tags {
 		if s.tags[i] == 0 {
 			s.tags[i], s.slots[i], e.slot = tag, e, int8(i)
-			return
+			return s.live == 1
 		}
 	}
 	if s.overflow == nil {
@@ -255,13 +263,13 @@ func (s *shard[K]) insert(e *entry[K], tag uint64) {
 	s.overflow[e.key] = e
 	e.slot = -1
 	s.peak = max(s.peak, len(s.overflow))
+	return s.live == 1
 }
 
-// remove deletes the idle entry e and recycles it. s.mu is held.
-func (s *shard[K]) remove(e *entry[K]) {
-	if s.live--; s.live == 0 {
-		s.t.markLive(s.idx, false)
-	}
+// remove deletes the idle entry e and recycles it, and reports whether
+// the shard became idle: e was its last live key. s.mu is held.
+func (s *shard[K]) remove(e *entry[K]) (becameIdle bool) {
+	s.live--
 	if e.indexed {
 		s.dropIndex(e)
 	}
@@ -271,17 +279,11 @@ func (s *shard[K]) remove(e *entry[K]) {
 		delete(s.overflow, e.key)
 		s.shrinkOverflow()
 	}
-	holders := e.holders[:0]
-	if cap(holders) > maxKeptHolders {
-		holders = nil
-	}
-	*e = entry[K]{holders: holders}
+	e.reset()
 	if len(s.free) < maxFree {
 		s.free = append(s.free, e)
 	}
-	if s.live == 0 && s.closed {
-		s.t.shardDrained()
-	}
+	return s.live == 0
 }
 
 // shrinkOverflow makes the overflow map anew once it holds an eighth of a
@@ -315,19 +317,20 @@ type ownerIndex struct {
 	peak   int // most owners seen in counts since it was made
 }
 
-// index returns e's owner index, or nil if it has none. s.mu is held.
-func (s *shard[K]) index(e *entry[K]) map[owner.ID]int32 {
+// ownerCounts returns the counts of e's owner index, or nil if e has
+// none. s.mu is held.
+func (s *shard[K]) ownerCounts(e *entry[K]) map[owner.ID]int32 {
 	if !e.indexed {
 		return nil
 	}
 	return s.owners[e].counts
 }
 
-// ownerIndex returns e's owner index, building it if e has many holders,
-// or nil if it has few. s.mu is held.
-func (s *shard[K]) ownerIndex(e *entry[K]) map[owner.ID]int32 {
+// indexOwners returns the counts of e's owner index, building the index
+// if e has many holders, or nil if it has few. s.mu is held.
+func (s *shard[K]) indexOwners(e *entry[K]) map[owner.ID]int32 {
 	if e.indexed || e.holding() < indexAt {
-		return s.index(e)
+		return s.ownerCounts(e)
 	}
 	if s.owners == nil {
 		s.owners = make(map[*entry[K]]*ownerIndex)
@@ -391,6 +394,18 @@ func (s *shard[K]) entries() iter.Seq[*entry[K]] {
 		}
 		for _, e := range s.overflow {
 			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// views yields a read-only view of every live entry, for debug. s.mu is
+// held for the whole walk and the shard must not change during it.
+func (s *shard[K]) views() iter.Seq[view[K]] {
+	return func(yield func(view[K]) bool) {
+		for e := range s.entries() {
+			if !yield(view[K]{e}) {
 				return
 			}
 		}

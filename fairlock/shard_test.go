@@ -35,7 +35,7 @@ func wantMode[K comparable](t *testing.T, s *shard[K], want, when string) {
 
 // TestFastModeRoundTrip walks one shard through every transition of the
 // fast path (see shard.go) and checks that it comes back to fast mode, and
-// that grant generations keep increasing across both modes: a shard stuck
+// that grant tokens keep increasing across both modes: a shard stuck
 // in slow mode would pass every functional test and lose the fast path.
 func TestFastModeRoundTrip(t *testing.T) {
 	for name, opts := range map[string][]Option{
@@ -51,14 +51,14 @@ func fastModeRoundTrip(t *testing.T, l *Locker[string]) {
 	s := &l.t.shards[0]
 	wantMode(t, s, "fast-idle", "new Locker")
 
-	var gens []uint64
+	var tokens []uint64
 	lock := func(key, wantAfter string) Guard[string] {
 		t.Helper()
 		g, err := l.Lock(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		gens = append(gens, g.gen)
+		tokens = append(tokens, g.token)
 		wantMode(t, s, wantAfter, "Lock("+key+")")
 		return g
 	}
@@ -96,13 +96,13 @@ func fastModeRoundTrip(t *testing.T, l *Locker[string]) {
 	}
 	wantMode(t, s, "slow", "refused TryLock")
 
-	for i := 1; i < len(gens); i++ {
-		if gens[i] <= gens[i-1] {
-			t.Fatalf("grant generations %v do not increase", gens)
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("grant tokens %v do not increase", tokens)
 		}
 	}
-	if got := s.gen; got <= gens[len(gens)-1] {
-		t.Fatalf("shard generation %d is behind the last grant %d", got, gens[len(gens)-1])
+	if got := s.books.token; got <= tokens[len(tokens)-1] {
+		t.Fatalf("shard token %d is behind the last grant %d", got, tokens[len(tokens)-1])
 	}
 }
 
@@ -178,8 +178,8 @@ func TestLockManyNoKeysLeavesFastGrant(t *testing.T) {
 func TestMutexSideWaitsForClaim(t *testing.T) {
 	l := New[string](WithShards(1))
 	s := &l.t.shards[0]
-	const gen = 7
-	s.state.Store(gen<<genShift | heldBit | claimingBit)
+	const token = 7
+	s.state.Store(token<<tokenShift | heldBit | claimingBit)
 
 	waiting := make(chan struct{}, 1)
 	testHookClaimWait = func() {
@@ -197,12 +197,12 @@ func TestMutexSideWaitsForClaim(t *testing.T) {
 		t.Fatalf("Locked(k) = %v returned while the claim was unpublished", got)
 	}
 
-	s.fastKey, s.fastOwner = "k", owner.Goroutine()
-	s.state.Store(gen<<genShift | heldBit)
+	s.fastKey, s.fastTag, s.fastOwner = "k", l.t.tagOf("k"), owner.Goroutine()
+	s.state.Store(token<<tokenShift | heldBit)
 	if !<-locked {
 		t.Fatal("Locked(k) = false once the claim was published")
 	}
-	g := Guard[string]{s: s, gen: gen, key: "k"} // the claimant's Guard
+	g := Guard[string]{s: s, token: token, key: "k"} // the claimant's Guard
 	g.Unlock()
 	if l.Locked("k") || l.Len() != 0 {
 		t.Fatalf("after the claimant's Unlock: Locked = %v, Len = %d", l.Locked("k"), l.Len())

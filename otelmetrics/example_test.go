@@ -32,3 +32,15 @@ func ExampleNew() {
 	}
 	defer g.Unlock()
 }
+
+// The duration histograms' boundaries are an option of NewWithOptions;
+// without it (and with New), DefaultDurationBuckets.
+func ExampleNewWithOptions() {
+	var mp metric.MeterProvider = noop.NewMeterProvider() // your SDK's provider
+	obs, err := otelmetrics.NewWithOptions(mp, otelmetrics.WithDurationBuckets(0.001, 0.01, 0.1, 1, 10))
+	if err != nil {
+		log.Fatal(err)
+	}
+	locks := fairlock.New[string](fairlock.WithName("jobs"), fairlock.WithObserver(obs))
+	defer locks.Close(context.Background())
+}

@@ -4,6 +4,9 @@
 //	if err != nil { … }
 //	locks := fairlock.New[string](fairlock.WithName("orders"), fairlock.WithObserver(obs))
 //
+// NewWithOptions takes options: WithDurationBuckets sets the duration
+// histograms' boundaries (DefaultDurationBuckets otherwise).
+//
 // The instruments (docs/metrics.md says what each tells an operator):
 //
 //	fairlock.lock.acquisitions   Int64Counter                 {acquisition}  fairlock.locker, fairlock.result
@@ -24,6 +27,8 @@ package otelmetrics
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -47,15 +52,38 @@ const (
 	ResultKey = attribute.Key("fairlock.result") // a fairlock.Result's String
 )
 
-// DurationBuckets are the explicit histogram boundaries, in seconds, of
-// both duration histograms: 1-2.5-5 steps from 1µs to 10s, the span from an
-// uncontended hand-off to a stuck holder. New copies it when called, so a
-// program may replace it before calling New, and a change afterwards
-// affects only later calls to New; changing it while another goroutine
-// calls New is a data race.
-var DurationBuckets = []float64{
-	1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-	1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+// DefaultDurationBuckets returns the explicit histogram boundaries, in
+// seconds, that both duration histograms use unless NewWithOptions is
+// given WithDurationBuckets: 1-2.5-5 steps from 1µs to 10s, the span from an
+// uncontended hand-off to a stuck holder. It returns a new slice on each
+// call, so a caller may change it freely (to pass a variant of it to
+// WithDurationBuckets).
+func DefaultDurationBuckets() []float64 {
+	return []float64{
+		1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+		1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+	}
+}
+
+// An Option configures NewWithOptions.
+type Option func(*config)
+
+// config is NewWithOptions' settings; defaults are set in one place, at
+// its start.
+type config struct {
+	buckets []float64 // histogram boundaries, in seconds
+}
+
+// WithDurationBuckets sets the explicit boundaries, in seconds, of both
+// duration histograms (fairlock.lock.wait.duration and
+// fairlock.lock.hold.duration) in place of DefaultDurationBuckets. They
+// must be finite and strictly increasing, or NewWithOptions returns an
+// error; none
+// at all makes each histogram one bucket (count and sum only). New copies
+// them: changing the slice afterwards changes nothing. A View set on the
+// MeterProvider overrides them, as it would the default.
+func WithDurationBuckets(bounds ...float64) Option {
+	return func(c *config) { c.buckets = slices.Clone(bounds) }
 }
 
 // observer is the fairlock.Observer: the instruments, shared by every
@@ -72,11 +100,30 @@ type observer struct {
 }
 
 // New returns a fairlock.Observer that records to meters from mp (nil means
-// otel.GetMeterProvider()). It creates the instruments and registers one
+// otel.GetMeterProvider()), with the default settings: it is
+// NewWithOptions(mp). It creates the instruments and registers one
 // callback for both gauges; it returns the first error the meter reports.
 // One Observer may serve any number of Lockers (pass it to each with
 // fairlock.WithObserver); each reports under its own fairlock.locker.
 func New(mp metric.MeterProvider) (fairlock.Observer, error) {
+	return NewWithOptions(mp)
+}
+
+// NewWithOptions is New configured by opts (WithDurationBuckets). It
+// returns an error for buckets that are not finite and strictly
+// increasing, and the first error the meter reports.
+func NewWithOptions(mp metric.MeterProvider, opts ...Option) (fairlock.Observer, error) {
+	cfg := config{buckets: DefaultDurationBuckets()}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	for i, b := range cfg.buckets {
+		if math.IsNaN(b) || math.IsInf(b, 0) || i > 0 && b <= cfg.buckets[i-1] {
+			return nil, fmt.Errorf("fairlock: otelmetrics: duration buckets %v: want finite boundaries in increasing order", cfg.buckets)
+		}
+	}
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -89,9 +136,9 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 	); err != nil {
 		return nil, err
 	}
-	// A copy: the option keeps the slice, and the global MeterProvider
-	// applies it only once a real provider is set, maybe after a change.
-	buckets := slices.Clone(DurationBuckets)
+	// The option keeps the slice, and the global MeterProvider applies it
+	// only once a real provider is set: cfg.buckets is this call's own.
+	buckets := cfg.buckets
 	if o.wait, err = m.Float64Histogram("fairlock.lock.wait.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("The time calls that asked for a key spent queued for it, by result; calls that never queued record 0."),

@@ -3,6 +3,7 @@ package otelmetrics_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -163,4 +164,16 @@ func TestNoStatsAfterUnregister(t *testing.T) {
 			t.Fatalf("stats called %d times after its Locker's Unregister returned", n)
 		}
 	})
+}
+
+// TestBadBucketsRefused: New refuses boundaries the SDK would reject.
+func TestBadBucketsRefused(t *testing.T) {
+	for _, b := range [][]float64{{0.1, 0.01}, {0.1, 0.1}, {math.NaN()}, {1, math.Inf(1)}} {
+		if _, err := otelmetrics.NewWithOptions(noop.NewMeterProvider(), otelmetrics.WithDurationBuckets(b...)); err == nil {
+			t.Errorf("New with buckets %v: no error", b)
+		}
+	}
+	if _, err := otelmetrics.NewWithOptions(noop.NewMeterProvider(), otelmetrics.WithDurationBuckets()); err != nil {
+		t.Errorf("New with no buckets (one bucket): %v", err)
+	}
 }

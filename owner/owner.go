@@ -20,12 +20,27 @@
 // goroutine id reaching 1<<63 would take centuries of goroutine creation;
 // [Of] masks the bit off all the same, so the spaces stay disjoint even
 // then.
+//
+// # Labels
+//
+// A flow made with [NewLabeledContext] carries a short label chosen by
+// the caller, a request ID for instance, that [ID.String] shows beside the
+// token: flow#3 "req-42". Every error, debug dump and warning of fairlock
+// names owners that way, so a held lock can be tied to its request. The
+// label is kept in a table beside the token, not in the ID (an ID stays a
+// number, as cheap to compare and store as before), and it is dropped
+// once no context carrying the flow is reachable any more: a label costs
+// memory only while its flow can still make calls. Flows made with
+// [NewContext] and goroutines have no label and cost nothing more.
 package owner
 
 import (
 	"context"
+	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/petermattis/goid"
 )
@@ -54,6 +69,72 @@ type ctxKey struct{}
 func NewContext(parent context.Context) context.Context {
 	id := ID(lastFlow.Add(1)) | flowBit
 	return context.WithValue(parent, ctxKey{}, id)
+}
+
+// NewLabeledContext is [NewContext] with a label: it returns a child of
+// parent that carries a new flow token, and the token's String, and so
+// every fairlock error, debug dump and warning naming the flow, shows
+// label beside it, quoted as keys are: flow#3 "req-42". label should be
+// short, a request or job ID; it is cut to its first [MaxLabel] bytes (on
+// a rune boundary). An empty label makes a flow without one, as
+// NewContext does.
+//
+// It allocates two child contexts, the token they carry and the label's
+// entry in a process-wide table; the entry is deleted once no context
+// carrying the token is reachable (runtime.AddCleanup), so labels do not
+// outlive their flows. An error or Guard that outlives every such context
+// then shows the flow without its label. A nil parent panics, as
+// context.WithValue does.
+func NewLabeledContext(parent context.Context, label string) context.Context {
+	id := ID(lastFlow.Add(1)) | flowBit
+	if label == "" {
+		return context.WithValue(parent, ctxKey{}, id)
+	}
+	if len(label) > MaxLabel {
+		n := MaxLabel
+		for n > 0 && !utf8.RuneStart(label[n]) {
+			n--
+		}
+		label = label[:n]
+	}
+	tok := &labeledToken{id: id, label: label}
+	labels.Store(id, label)
+	labelCount.Add(1)
+	runtime.AddCleanup(tok, dropLabel, id)
+	// The token rides in a context of its own, under the flow's ID, so
+	// that FromContext reads a labelled flow as any other.
+	return context.WithValue(context.WithValue(parent, labelKey{}, tok), ctxKey{}, id)
+}
+
+// labelKey is the context key of a labelled flow's token.
+type labelKey struct{}
+
+// MaxLabel is the longest label, in bytes, that NewLabeledContext keeps.
+const MaxLabel = 64
+
+// labeledToken is kept in a labelled flow's context. Its reachability is
+// the flow's: the label is dropped when the last context holding it, or a
+// context derived from one, is collected. It holds a pointer (the label), so the runtime never batches
+// it with other small objects in one tiny-allocator block, which would
+// delay its cleanup (see runtime.AddCleanup).
+type labeledToken struct {
+	id    ID
+	label string
+}
+
+// labels maps the IDs of labelled flows to their labels; labelCount
+// counts its entries, so that String looks nothing up while no flow has a
+// label.
+var (
+	labels     sync.Map // ID -> string
+	labelCount atomic.Int64
+)
+
+// dropLabel deletes id's label; runtime.AddCleanup calls it once the
+// flow's token is unreachable.
+func dropLabel(id ID) {
+	labels.Delete(id)
+	labelCount.Add(-1)
 }
 
 // FromContext returns the flow token carried by ctx and true, or 0 and
@@ -86,10 +167,36 @@ func Goroutine() ID {
 // than a goroutine id.
 func (id ID) IsFlow() bool { return id&flowBit != 0 }
 
-// String returns "flow#N" for a flow token, "goroutine#N" for a goroutine
-// id (N is the runtime's goroutine id, as in a stack dump), and "none" for
-// the zero ID.
+// Label returns the label of a flow made with [NewLabeledContext], while
+// a context carrying it is reachable; "" for any other ID. It takes no
+// lock and allocates nothing; while no flow has a label it reads one
+// atomic counter.
+func (id ID) Label() string {
+	if !id.IsFlow() || labelCount.Load() == 0 {
+		return ""
+	}
+	if l, ok := labels.Load(id); ok {
+		return l.(string)
+	}
+	return ""
+}
+
+// String returns [ID.Name], followed, for a flow with a label, by a space
+// and the label quoted as a Go string (control characters escaped), so
+// that a label cannot forge a line of a dump or a log record:
+// `flow#3 "req-42"`.
 func (id ID) String() string {
+	name := id.Name()
+	if l := id.Label(); l != "" {
+		return name + " " + strconv.Quote(l)
+	}
+	return name
+}
+
+// Name returns "flow#N" for a flow token, "goroutine#N" for a goroutine
+// id (N is the runtime's goroutine id, as in a stack dump), and "none" for
+// the zero ID: String without the label.
+func (id ID) Name() string {
 	switch {
 	case id == 0:
 		return "none"

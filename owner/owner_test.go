@@ -124,3 +124,73 @@ func TestString(t *testing.T) {
 		t.Fatalf("ID(0).String() = %q", s)
 	}
 }
+
+func TestLabeledContextShowsItsLabel(t *testing.T) {
+	ctx := owner.NewLabeledContext(context.Background(), "req-42")
+	id := owner.Of(ctx)
+	if !id.IsFlow() {
+		t.Fatalf("Of(NewLabeledContext) = %v; want a flow token", id)
+	}
+	want := id.Name() + ` "req-42"`
+	if got := id.String(); got != want || id.Label() != "req-42" {
+		t.Fatalf("String, Label = %q, %q; want %q, %q", got, id.Label(), want, "req-42")
+	}
+	// Children carry the same labelled flow; a fork takes a new, unlabelled one.
+	child, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if owner.Of(child) != id {
+		t.Fatalf("Of(child) = %v; want %v", owner.Of(child), id)
+	}
+	if fork := owner.Of(owner.NewContext(ctx)); fork == id || fork.Label() != "" {
+		t.Fatalf("NewContext(labelled ctx) = %v; want a new flow without a label", fork)
+	}
+	// A label is escaped as a key is: it cannot forge a line.
+	forged := owner.Of(owner.NewLabeledContext(context.Background(), "a\nlevel=ERROR"))
+	if s := forged.String(); strings.Contains(s, "\n") || !strings.HasSuffix(s, `"a\nlevel=ERROR"`) {
+		t.Fatalf("String of a label with a newline = %q", s)
+	}
+	// Unlabelled flows and goroutines have none.
+	if l := owner.Of(owner.NewContext(context.Background())).Label(); l != "" {
+		t.Fatalf("Label of a NewContext flow = %q", l)
+	}
+	if l := owner.Goroutine().Label(); l != "" {
+		t.Fatalf("Label of a goroutine = %q", l)
+	}
+	runtime.KeepAlive(ctx)
+}
+
+func TestLabelIsCutToMaxLabel(t *testing.T) {
+	long := strings.Repeat("é", owner.MaxLabel) // 2 bytes a rune
+	ctx := owner.NewLabeledContext(context.Background(), long)
+	l := owner.Of(ctx).Label()
+	if len(l) > owner.MaxLabel || len(l) < owner.MaxLabel-1 || !strings.HasPrefix(long, l) {
+		t.Fatalf("label of %d bytes kept as %d bytes %q", len(long), len(l), l)
+	}
+	if l := owner.Of(owner.NewLabeledContext(context.Background(), "")).Label(); l != "" {
+		t.Fatalf("empty label kept as %q", l)
+	}
+	runtime.KeepAlive(ctx)
+}
+
+// The label goes with the last context that carries the flow: labels do
+// not accumulate in a long-running process.
+func TestLabelIsDroppedWithItsFlow(t *testing.T) {
+	id := func() owner.ID {
+		ctx := owner.NewLabeledContext(context.Background(), "gone-soon")
+		id := owner.Of(ctx)
+		if id.Label() != "gone-soon" {
+			t.Fatalf("Label = %q while ctx is live", id.Label())
+		}
+		return id
+	}()
+	for i := 0; id.Label() != ""; i++ {
+		if i == 1000 {
+			t.Fatalf("label of %v still kept after %d collections", id, i)
+		}
+		runtime.GC() // the cleanup runs on its own goroutine after a cycle
+		runtime.Gosched()
+	}
+	if got := id.String(); got != id.Name() {
+		t.Fatalf("String after the flow is gone = %q; want %q", got, id.Name())
+	}
+}

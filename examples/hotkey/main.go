@@ -8,9 +8,11 @@
 // service would write by hand, in a few short rounds that alternate which
 // goes first. It prints each figure as the median over the rounds with the
 // smallest and largest, fairlock's ratio to the map, and a verdict that
-// names what fairlock cost and what it bought: throughput, the hot order's
-// lock waits, and how often a lock call on the hot order was overtaken by
-// one that began after it. With -serve the fairlock server stays up
+// names what fairlock bought and what it cost in every round: throughput,
+// the hot order's lock waits, and how often a lock call on the hot order
+// was overtaken by one that began after it. A figure whose rounds fall on
+// both sides of 1× is reported as the same within the run's spread, so
+// the verdict does not flip from run to run. With -serve the fairlock server stays up
 // afterwards and serves the debug handler at /debug/fairlock/.
 //
 //	go run ./examples/hotkey
@@ -528,12 +530,19 @@ func report(out io.Writer, fair, naive []stats) {
 	fmt.Fprintf(out, "\n%s\n", verdict(fair, naive))
 	fmt.Fprintf(out, "Why: fairlock queues each step behind every call already waiting; sync.Mutex lets the request that holds the lock take it straight back, which is faster for that request and slower for the ones it overtakes.\n")
 	fmt.Fprintf(out, "A call is overtaken when one that began after it is granted first; under fairlock only a call held up between reading the clock and joining the queue can be.\n")
-	fmt.Fprintf(out, "Each figure is the median of %d rounds, the smallest and largest beside it, and each ratio the median of the rounds' ratios: one round alone is noisy, its tail most of all.\n", n)
+	fmt.Fprintf(out, "Each figure is the median of %d rounds, the smallest and largest beside it, and each ratio the median of the rounds' ratios: one round alone is noisy, its tail most of all. The verdict names a gain or a cost only where every round agrees.\n", n)
 }
 
-// verdict names what fairlock cost and what it bought in this run: each
-// figure whose median round-by-round ratio is worse than the map's by
-// more than 2% is a cost, each better by more than 2% a gain.
+// verdict names what fairlock bought and what it cost in this run, judged
+// round by round, so that it does not flip between runs of the same
+// program: a figure is a gain only if fairlock's was better than the
+// map's by more than 2% in every round, a cost only if it was worse by
+// more than 2% in every round, and otherwise the same within this run's
+// spread (its round-by-round ratios straddle 1×, or stay within 2% of
+// it). docs/performance.md reads its own tables by the same rule: ranges
+// that overlap do not tell the locks apart. Overtaken calls are compared
+// the same way, round by round. What holds in every round (no call
+// overtaken, the tail) comes first.
 func verdict(fair, naive []stats) string {
 	var costs, gains, same []string
 	for _, fig := range []figure{throughput, p50, p99, pMax} {
@@ -541,12 +550,10 @@ func verdict(fair, naive []stats) string {
 		if !ok {
 			continue
 		}
-		r := sp.med
-		text := fmtRatio(r) + " " + fig.phrase
-		better := r < 0.98
-		worse := r > 1.02
+		text := sp.format(fmtRatio) + " " + fig.phrase
+		better, worse := sp.hi < 0.98, sp.lo > 1.02 // every round, as for a wait
 		if fig.higherIsBetter {
-			better, worse = worse, better
+			better, worse = sp.lo > 1.02, sp.hi < 0.98
 		}
 		switch {
 		case better:
@@ -557,16 +564,25 @@ func verdict(fair, naive []stats) string {
 			same = append(same, text)
 		}
 	}
-	f, m := overtaken.over(fair).med, overtaken.over(naive).med
-	order := fmt.Sprintf("%s of %s lock calls overtaken by a later call, against %s", fmtShare(f), hotOrder, fmtShare(m))
-	if f < m {
-		gains = append(gains, order)
-	} else {
-		costs = append(costs, order)
+	fewer, more := true, true // fairlock's share overtaken below (above) the map's in every round
+	for i := range fair {
+		f, m := overtaken.of(fair[i]), overtaken.of(naive[i])
+		fewer = fewer && f < m
+		more = more && f > m
 	}
-	v := "verdict: fairlock cost " + list(costs, "nothing measurable here") + "; it bought " + list(gains, "nothing measurable in this run")
+	order := fmt.Sprintf("%s of %s lock calls overtaken by a later call, against %s",
+		overtaken.over(fair).format(fmtShare), hotOrder, overtaken.over(naive).format(fmtShare))
+	switch {
+	case fewer:
+		gains = append([]string{order}, gains...)
+	case more:
+		costs = append([]string{order}, costs...)
+	default:
+		same = append([]string{order}, same...)
+	}
+	v := "verdict: in every round, fairlock bought " + list(gains, "nothing") + "; in every round, it cost " + list(costs, "nothing")
 	if len(same) > 0 {
-		v += "; about the same: " + list(same, "")
+		v += "; the same within this run's spread (its rounds fall on both sides, or within 2%): " + list(same, "")
 	}
 	return v + "."
 }

@@ -54,12 +54,12 @@ func TestRunReports(t *testing.T) {
 	}
 	var v string
 	for _, line := range strings.Split(report, "\n") {
-		if strings.HasPrefix(line, "verdict: fairlock cost ") {
+		if strings.HasPrefix(line, "verdict: in every round, fairlock bought ") {
 			v = line
 		}
 	}
-	if !strings.Contains(v, "; it bought ") || !strings.Contains(v, "lock calls overtaken by a later call, against") {
-		t.Errorf("no verdict naming cost, gain and overtaking in:\n%s", report)
+	if !strings.Contains(v, "; in every round, it cost ") || !strings.Contains(v, "lock calls overtaken by a later call, against") {
+		t.Errorf("no verdict naming gain, cost and overtaking in:\n%s", report)
 	}
 }
 
@@ -96,26 +96,81 @@ func TestOvertakes(t *testing.T) {
 	}
 }
 
-// TestVerdict checks that each figure lands on the side its ratio puts
-// it: a higher throughput and a lower wait are gains, the reverse costs,
-// within 2% the same.
+// TestVerdict checks that each figure lands on the side every round puts
+// it: a higher throughput and a lower wait in every round are gains, the
+// reverse in every round costs, and a figure whose rounds straddle 1× (or
+// stay within 2% of it) the same within the run's spread, whatever its
+// median says.
 func TestVerdict(t *testing.T) {
 	ms := time.Millisecond
-	fair := []stats{{served: 900, elapsed: time.Second, waits: []time.Duration{30 * ms, 40 * ms, 50 * ms}, calls: 100, overtaken: 0}}
-	naive := []stats{{served: 1000, elapsed: time.Second, waits: []time.Duration{10 * ms, 20 * ms, 100 * ms}, calls: 100, overtaken: 20}}
-	want := "verdict: fairlock cost 0.90× the throughput and 2.00× the median order-0 wait; " +
-		"it bought 0.50× the p99 wait, 0.50× the longest wait and 0.0% of order-0 lock calls overtaken by a later call, against 20.0%."
+	round := func(served int, overtaken int, waits ...time.Duration) stats {
+		return stats{served: served, elapsed: time.Second, waits: waits, calls: 100, overtaken: overtaken}
+	}
+
+	// One round: every ratio is its own range, on one side of 1 or the other.
+	fair := []stats{round(900, 0, 30*ms, 40*ms, 50*ms)}
+	naive := []stats{round(1000, 20, 10*ms, 20*ms, 100*ms)}
+	want := "verdict: in every round, fairlock bought 0.0% of order-0 lock calls overtaken by a later call, against 20.0%, " +
+		"0.50× the p99 wait and 0.50× the longest wait; in every round, it cost 0.90× the throughput and 2.00× the median order-0 wait."
 	if got := verdict(fair, naive); got != want {
 		t.Errorf("verdict =\n%s\nwant\n%s", got, want)
 	}
+
+	// Within 2%, and more overtaken: the same, and a cost.
 	fair[0].served, fair[0].overtaken = 1010, 30
 	got := verdict(fair, naive)
 	for _, want := range []string{
-		"; about the same: 1.01× the throughput.",
-		"cost 2.00× the median order-0 wait and 30.0% of order-0 lock calls overtaken by a later call, against 20.0%;",
+		"; the same within this run's spread (its rounds fall on both sides, or within 2%): 1.01× the throughput.",
+		"it cost 30.0% of order-0 lock calls overtaken by a later call, against 20.0% and 2.00× the median order-0 wait;",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("verdict %q lacks %q", got, want)
 		}
+	}
+
+	// Three rounds whose throughput ratios straddle 1: its median reads
+	// as a gain (1.07×), but a round says the opposite (0.81×), so it is
+	// the same within the spread. The tail (p99, max) and the overtaking
+	// hold in every round.
+	fair = []stats{
+		round(1070, 0, 10*ms, 10*ms, 13*ms),
+		round(810, 0, 10*ms, 10*ms, 7*ms),
+		round(1100, 0, 10*ms, 10*ms, 14*ms),
+	}
+	naive = []stats{
+		round(1000, 5, 10*ms, 10*ms, 10*ms, 40*ms),
+		round(1000, 9, 10*ms, 10*ms, 10*ms, 40*ms),
+		round(1000, 1, 10*ms, 10*ms, 10*ms, 40*ms),
+	}
+	got = verdict(fair, naive)
+	for _, want := range []string{
+		"verdict: in every round, fairlock bought 0.0% of order-0 lock calls overtaken by a later call, against 5.0% (1.0%–9.0%)",
+		"the longest wait; in every round, it cost nothing;",
+		"the same within this run's spread",
+		"1.07× (0.81×–1.10×) the throughput",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("verdict %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "cost 1.") || strings.Contains(got, "bought 1.07") {
+		t.Errorf("verdict %q judges a straddling figure by its median", got)
+	}
+
+	// Rounds that all agree, with a spread that does not reach 1: a gain
+	// and a cost, median and range shown.
+	fair = []stats{round(800, 0, 10*ms), round(850, 0, 10*ms), round(900, 0, 10*ms)}
+	naive = []stats{round(1000, 3, 20*ms), round(1000, 3, 20*ms), round(1000, 3, 20*ms)}
+	got = verdict(fair, naive)
+	for _, want := range []string{
+		"it cost 0.85× (0.80×–0.90×) the throughput",
+		"bought 0.0% of order-0 lock calls overtaken by a later call, against 3.0%, 0.50× the median order-0 wait",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("verdict %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "the same within") {
+		t.Errorf("verdict %q calls an agreeing figure the same", got)
 	}
 }

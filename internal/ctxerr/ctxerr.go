@@ -1,6 +1,8 @@
 // Package ctxerr builds the error a lock call returns when its context
-// ends, for package fairlock and for etcdlock, so that both report it and
-// classify it alike.
+// ends, for the packages of this module. The backends in modules of their
+// own keep copies with the same behaviour and test (etcdlock's is
+// etcdlock/internal/ctxerr): a module may not import another's internal
+// packages, since the two are versioned apart.
 package ctxerr
 
 import (

@@ -3,7 +3,7 @@ module github.com/fairlock/fairlock/internal/otelsdktest
 go 1.26.0
 
 require (
-	github.com/fairlock/fairlock v0.0.0
+	github.com/fairlock/fairlock v0.1.0
 	github.com/google/go-cmp v0.7.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
@@ -23,5 +23,3 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/fairlock/fairlock => ../../

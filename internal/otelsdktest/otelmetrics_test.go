@@ -32,18 +32,17 @@ func newObserver(t testing.TB) (fairlock.Observer, *sdkmetric.ManualReader) {
 	return obs, reader
 }
 
-// TestBucketsAreTakenAtNew: the histograms use DurationBuckets as they
-// were when New was called, even through the global MeterProvider, which
-// hands the instruments' options to the real provider only once one is
-// set.
+// TestBucketsAreTakenAtNew: the histograms use the WithDurationBuckets
+// boundaries as they were when New was called, even through the global
+// MeterProvider, which hands the instruments' options to the real
+// provider only once one is set.
 func TestBucketsAreTakenAtNew(t *testing.T) {
-	defer func(saved []float64) { otelmetrics.DurationBuckets = saved }(otelmetrics.DurationBuckets)
-	otelmetrics.DurationBuckets = []float64{0.001, 0.01}
-	obs, err := otelmetrics.New(otel.GetMeterProvider())
+	bounds := []float64{0.001, 0.01}
+	obs, err := otelmetrics.NewWithOptions(otel.GetMeterProvider(), otelmetrics.WithDurationBuckets(bounds...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	otelmetrics.DurationBuckets[0] = 0.5 // after New: must not count
+	bounds[0] = 0.5 // after New: must not count
 
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -74,6 +73,43 @@ func TestBucketsAreTakenAtNew(t *testing.T) {
 				seen++
 				if diff := cmp.Diff([]float64{0.001, 0.01}, dp.Bounds); diff != "" {
 					t.Errorf("%s bounds (-at New +used):\n%s", m.Name, diff)
+				}
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("%d histogram points, want wait and hold", seen)
+	}
+}
+
+// TestDefaultBuckets: without the option both histograms use
+// DefaultDurationBuckets, and a caller's change to that function's result
+// does not reach the next New.
+func TestDefaultBuckets(t *testing.T) {
+	otelmetrics.DefaultDurationBuckets()[0] = 42 // a copy: changes nothing
+	obs, reader := newObserver(t)
+	l := fairlock.New[string](fairlock.WithName("default-buckets"), fairlock.WithObserver(obs))
+	g, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Unlock()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok {
+				for _, dp := range h.DataPoints {
+					seen++
+					if diff := cmp.Diff(otelmetrics.DefaultDurationBuckets(), dp.Bounds); diff != "" {
+						t.Errorf("%s bounds (-default +used):\n%s", m.Name, diff)
+					}
 				}
 			}
 		}

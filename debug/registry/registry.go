@@ -1,17 +1,27 @@
 // Package registry is the process-wide list of lockers built with debug
-// on, and the shape of what each reports. Lockers register here (package
-// fairlock, and etcdlock in its own module); package debug reads it and
-// serves it. It imports nothing beyond the standard library's basics, so
-// a program that uses only package fairlock links neither net/http nor
-// encoding/json through it.
+// on, and the shape of what each reports. Lockers register here: package
+// fairlock's, and those of the backends in modules of their own (etcdlock,
+// redislock), which is why it is public; package debug reads it and
+// serves it. A program may read it directly (Snapshot) to export the
+// states its own way.
+//
+// It imports nothing beyond the standard library's basics, so a program
+// that uses only package fairlock links no net/http through it (it
+// imports encoding/json, for KeyState's JSON form, which log/slog links
+// anyway). Its types are those of package debug
+// (debug.LockerState is registry.LockerState, and so on).
 package registry
 
 import (
 	"cmp"
+	"encoding/json"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // LockerState is one locker's state, read shard by shard. The JSON field
@@ -54,6 +64,7 @@ const (
 type KeyState struct {
 	// Key is the key as the locker renders it: string keys quoted, keys
 	// holding pointers as type and address, control characters escaped.
+	// Its JSON form drops a string key's quotes (see MarshalJSON).
 	Key string `json:"key"`
 	// Mode is the holders' mode (Exclusive, Shared or Units); "" while the
 	// key has no holder.
@@ -70,9 +81,63 @@ type KeyState struct {
 	Waiters []WaiterState `json:"waiters"`
 }
 
+// MarshalJSON encodes k with the JSON field names above, and Key as
+// JSONKey gives it: JSON quotes and escapes a string on its own, so a
+// string key is carried without the quotes of its text form
+// ("key":"user-13", not "key":"\"user-13\"").
+func (k KeyState) MarshalJSON() ([]byte, error) {
+	type fields KeyState // the same fields, without this method
+	f := fields(k)
+	f.Key = JSONKey(k.Key)
+	return json.Marshal(f)
+}
+
+// JSONKey returns a key rendered for text (a locker's Key) as structured
+// output carries it: a string key, which the text forms quote so that no
+// key can forge a line, without its quotes; its control characters,
+// other non-printing runes and invalid bytes stay escaped as in the text
+// form, and nothing else is. A long string key cut by the locker,
+// `"abc"… (2097152 bytes)`, keeps its cut and size: `abc… (2097152 bytes)`.
+// Any other text (a key that is not a string, a formatter's result) is
+// returned as it is.
+func JSONKey(text string) string {
+	if len(text) < 2 || text[0] != '"' {
+		return text
+	}
+	if i := strings.LastIndex(text, `"… (`); i > 0 && strings.HasSuffix(text, " bytes)") {
+		if head := JSONKey(text[:i+1]); head != text[:i+1] {
+			return head + text[i+1:]
+		}
+		return text
+	}
+	if !strings.ContainsRune(text, '\\') && strings.IndexByte(text[1:], '"') == len(text)-2 {
+		return text[1 : len(text)-1] // nothing escaped
+	}
+	s, err := strconv.Unquote(text)
+	if err != nil || strconv.Quote(s) != text {
+		return text
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || !unicode.IsPrint(r) {
+			q := strconv.Quote(s[i : i+size])
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
 // HolderState is one grant of a key.
 type HolderState struct {
 	Owner string `json:"owner"` // e.g. "flow#3" or "goroutine#41"
+	// Label is the owner's label (owner.NewLabeledContext), unquoted;
+	// empty if it has none. Owner is then the owner's name without it, and
+	// the text dump shows both: flow#3 "req-42".
+	Label string `json:"label,omitempty"`
 	// Token is the grant's fencing token (Guard.Token).
 	Token uint64        `json:"token"`
 	Units int64         `json:"units,omitempty"` // Semaphore: units held
@@ -88,6 +153,7 @@ type HolderState struct {
 // WaiterState is one queued call.
 type WaiterState struct {
 	Owner string `json:"owner"`
+	Label string `json:"label,omitempty"` // as in HolderState
 	// Mode is what the call waits for: Exclusive, Shared, Wait or Units.
 	Mode  string        `json:"mode"`
 	Units int64         `json:"units,omitempty"` // Semaphore: units asked for
