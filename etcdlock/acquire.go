@@ -1,15 +1,15 @@
 package etcdlock
 
 import (
-	"cmp"
 	"context"
 	"errors"
-	"slices"
+	"fmt"
 	"time"
 
+	"github.com/fairlock/fairlock/debug/registry"
+	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/ctxerr"
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,8 +31,8 @@ const (
 	kindWait             // queue, and leave the queue when it is its turn
 )
 
-// Lock locks key for the owner of ctx (owner.Of) and returns the Guard
-// that unlocks it. If the key is held or has queued calls, in this
+// Lock locks key exclusively for the owner of ctx (owner.Of) and returns
+// its grant, a *Guard (see Guard for IsOwner). If the key is held or has queued calls, in this
 // process or any other on the same prefix, Lock queues behind them and
 // blocks until every call that queued before it has been granted and
 // released, or has left the queue; it never overtakes. Its place in the
@@ -57,8 +57,9 @@ const (
 // transaction that writes the call's key and reads the keys ahead of it);
 // a waiter is granted without another round trip when it knew every key
 // ahead (at most eight), else with one read when the nearest are gone.
-func (l *Locker) Lock(ctx context.Context, key string) (*Guard, error) {
-	return l.acquire(ctx, "Lock", kindLock, key)
+// A call that fails returns a nil Lease (a nil interface).
+func (l *Locker) Lock(ctx context.Context, key string) (keylock.Lease, error) {
+	return asLease(l.acquire(ctx, "Lock", kindLock, claim{}, key))
 }
 
 // TryLock locks key if nothing holds it and nothing is queued on it, in
@@ -71,8 +72,47 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Guard, error) {
 // outage or a compaction) a TryLock whose write succeeded waits, as Lock
 // does, until the watch is live again, ctx ends or the Locker closes: a
 // grant is handed out only once the loss of its key can be seen.
-func (l *Locker) TryLock(ctx context.Context, key string) (*Guard, error) {
-	return l.acquire(ctx, "TryLock", kindTry, key)
+func (l *Locker) TryLock(ctx context.Context, key string) (keylock.Lease, error) {
+	return asLease(l.acquire(ctx, "TryLock", kindTry, claim{}, key))
+}
+
+// RLock locks key shared for the owner of ctx and returns its grant, a
+// *Guard: any number of readers, in any processes, hold a key together.
+// It is task-fair, like fairlock's RLock: a reader is granted when every
+// call ahead of it in the key's queue is a reader, so a reader behind a
+// queued Lock (or Wait) waits for it even while readers hold the key,
+// and writers never starve. Readers queued together behind a writer are
+// granted together when it releases.
+//
+// It fails like Lock, with ErrReentrant for an owner that holds the key
+// in any mode through this Locker (an upgrade would deadlock). Its key's
+// name marks it shared (see keys.go), which is how every process tells
+// readers from writers; a reader reads every key ahead of it, not only
+// the nearest eight, in the same one round trip, and is granted without
+// another once the writers ahead are gone.
+func (l *Locker) RLock(ctx context.Context, key string) (keylock.Lease, error) {
+	return asLease(l.acquire(ctx, "RLock", kindLock, claim{shared: true}, key))
+}
+
+// TryRLock locks key shared if every call on it, held or queued, in any
+// process, is a reader; otherwise it returns an error wrapping
+// fairlock.ErrWouldBlock and has written nothing. It never overtakes: a
+// queued writer makes it fail even while readers hold the key. On a free
+// key it is one round trip; beside readers, two: a transaction that
+// writes only if the key's range is empty returns the range, and a second
+// writes only if no call has joined it since (retried with the new range
+// if one has). Otherwise it fails like RLock.
+func (l *Locker) TryRLock(ctx context.Context, key string) (keylock.Lease, error) {
+	return asLease(l.acquire(ctx, "TryRLock", kindTry, claim{shared: true}, key))
+}
+
+// asLease returns a call's result as a keylock.Lease: nil (a nil interface,
+// never a typed nil inside one) with an error.
+func asLease(g *Guard, err error) (keylock.Lease, error) {
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
 // Wait waits for its turn on key and returns holding nothing: it queues
@@ -84,37 +124,40 @@ func (l *Locker) TryLock(ctx context.Context, key string) (*Guard, error) {
 // (ErrReentrant), on a closed Locker, on an etcd error. Wait is not
 // reported to the Observer: it acquires nothing.
 func (l *Locker) Wait(ctx context.Context, key string) error {
-	_, err := l.acquire(ctx, "Wait", kindWait, key)
+	_, err := l.acquire(ctx, "Wait", kindWait, claim{}, key)
 	return err
 }
 
-// acquire runs one Lock, TryLock or Wait call, or one key of LockMany.
-func (l *Locker) acquire(ctx context.Context, op string, k kind, key string) (*Guard, error) {
+// acquire runs one call of kind k asking for want: Lock, TryLock, RLock,
+// TryRLock, Wait, Acquire or TryAcquire. It returns the Guard of a
+// granted call; nil for a Wait.
+func (l *Locker) acquire(ctx context.Context, op string, k kind, want claim, key string) (*Guard, error) {
 	if ctx == nil {
 		panic("etcdlock: " + op + " with a nil context")
 	}
 	id := owner.Of(ctx)
 	mode := registry.Exclusive
-	if k == kindWait {
+	switch {
+	case k == kindWait:
 		mode = registry.Wait
+	case want.size > 0:
+		mode = registry.Units
+	case want.shared:
+		mode = registry.Shared
 	}
-	g, err := l.begin(ctx, key, id, mode)
+	c, err := l.begin(ctx, key, id, mode, want)
 	if err == nil {
-		err = l.run(ctx, g, k)
+		err = l.run(ctx, c, k)
 	}
-	if g != nil {
-		l.finish(g, k, err)
+	if c != nil {
+		l.finish(c, k, err)
 	}
 	if l.obs != nil && k != kindWait {
 		var waited time.Duration
-		if g != nil && k == kindLock {
-			waited = time.Since(g.since)
+		if c != nil && k == kindLock {
+			waited = time.Since(c.since)
 		}
-		l.obsMu.RLock()
-		if !l.obsGone {
-			l.obs.Acquire(resultOf(err), waited)
-		}
-		l.obsMu.RUnlock()
+		l.report(err, waited)
 	}
 	if err != nil {
 		return nil, lockError(op, key, id, err)
@@ -122,18 +165,31 @@ func (l *Locker) acquire(ctx context.Context, op string, k kind, key string) (*G
 	if k == kindWait {
 		return nil, nil
 	}
-	return g, nil
+	return &Guard{l: l, c: c, sem: make(chan struct{}, 1)}, nil
+}
+
+// report tells the Observer, if there is one, how a call that asks for a
+// key ended and how long it waited.
+func (l *Locker) report(err error, waited time.Duration) {
+	if l.obs == nil {
+		return
+	}
+	l.obsMu.RLock()
+	if !l.obsGone {
+		l.obs.Acquire(resultOf(err), waited)
+	}
+	l.obsMu.RUnlock()
 }
 
 // begin checks a call against the Locker's local state and records it:
 // a done ctx, a closed Locker and a reentrant owner fail at once.
-func (l *Locker) begin(ctx context.Context, key string, id owner.ID, mode string) (*Guard, error) {
+func (l *Locker) begin(ctx context.Context, key string, id owner.ID, mode string, want claim) (*call, error) {
 	if ctx.Err() != nil {
 		return nil, ctxerr.Of(ctx)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.isClosed {
+	if l.closing.Err() != nil {
 		return nil, errClosed
 	}
 	for _, o := range l.keys[key] {
@@ -142,83 +198,83 @@ func (l *Locker) begin(ctx context.Context, key string, id owner.ID, mode string
 			return nil, fairlock.ErrReentrant
 		}
 	}
-	g := &Guard{
-		l: l, key: key, owner: id, mode: mode, since: time.Now(),
-		lost: make(chan struct{}), sem: make(chan struct{}, 1), wake: make(chan struct{}, 1),
+	c := &call{
+		key: key, owner: id, mode: mode, claim: want, since: time.Now(),
+		lost: make(chan struct{}), wake: make(chan struct{}, 1),
 	}
-	l.keys[key] = append(l.keys[key], g)
+	l.keys[key] = append(l.keys[key], c)
 	l.calls++
-	return g, nil
+	return c, nil
 }
 
-// finish ends a call: a failed call, or a Wait, forgets its Guard; a Wait
+// finish ends a call: a failed call, or a Wait, is forgotten; a Wait
 // that queued and got its turn deletes its key.
-func (l *Locker) finish(g *Guard, k kind, err error) {
+func (l *Locker) finish(c *call, k kind, err error) {
 	l.mu.Lock()
 	l.calls--
 	remove := false
-	if err == nil && k == kindWait && g.state == held {
-		l.unwatchLocked(g)
-		delete(l.live, g)
-		g.state = released
-		l.held--
+	if err == nil && k == kindWait && c.state == held {
+		l.unwatchLocked(c)
+		delete(l.written, c)
+		c.state = released
+		l.grants--
 		remove = true
 	}
 	if err != nil || k == kindWait {
-		l.forgetLocked(g)
+		l.forgetLocked(c)
 	}
 	l.signalIdle()
 	l.mu.Unlock()
 	if remove {
-		l.remove(g.name, g.rev)
-	}
-}
-
-// forgetLocked removes g from the local view of its key. l.mu is held.
-func (l *Locker) forgetLocked(g *Guard) {
-	gs := l.keys[g.key]
-	if i := slices.Index(gs, g); i >= 0 {
-		gs = slices.Delete(gs, i, i+1)
-	}
-	if len(gs) == 0 {
-		delete(l.keys, g.key)
-	} else {
-		l.keys[g.key] = gs
+		l.remove(c.name, c.rev)
 	}
 }
 
 // run queues the call in etcd and waits for its turn: it returns nil once
-// g holds the key (for TryLock and a queued Wait too; a Wait on a free
+// c holds the key (for TryLock and a queued Wait too; a Wait on a free
 // key returns nil with nothing written), or the error the call fails
 // with, having deleted the call's key.
-func (l *Locker) run(ctx context.Context, g *Guard, k kind) error {
-	r := l.rangeOf(g.key)
+func (l *Locker) run(ctx context.Context, c *call, k kind) error {
+	r := l.rangeOf(c.key)
 	free := clientv3.Compare(clientv3.CreateRevision(r), "=", 0).WithPrefix()
-	list := clientv3.OpGet(r, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(aheadLimit+1))
+	listOpts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
+	if n := limitOf(c.claim); n > 0 {
+		listOpts = append(listOpts, clientv3.WithLimit(n+1)) // and the call's own key
+	}
+	list := clientv3.OpGet(r, listOpts...)
+	exclusive := c.claim == claim{}
+	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
 	for {
 		ls, err := l.leaseFor(ctx)
 		if err != nil {
 			return err
 		}
-		name := l.newName(g.key, ls.id)
-		put := clientv3.OpPut(name, l.value+g.owner.String(), clientv3.WithLease(ls.id))
+		name := l.newName(c.key, ls.id, c.claim)
+		put := clientv3.OpPut(name, l.value+c.owner.String(), clientv3.WithLease(ls.id))
 		var txn func(context.Context) (*clientv3.TxnResponse, error)
-		var wrote func(*clientv3.TxnResponse) bool
-		switch k {
-		case kindTry:
-			txn = func(c context.Context) (*clientv3.TxnResponse, error) {
-				return l.client.Txn(c).If(free).Then(put).Commit()
+		wrote := func(r *clientv3.TxnResponse) bool { return r.Succeeded }
+		switch {
+		case k == kindTry && exclusive:
+			txn = func(tctx context.Context) (*clientv3.TxnResponse, error) {
+				return l.client.Txn(tctx).If(free).Then(put).Commit()
 			}
-			wrote = func(r *clientv3.TxnResponse) bool { return r.Succeeded }
-		case kindWait:
-			txn = func(c context.Context) (*clientv3.TxnResponse, error) {
-				return l.client.Txn(c).If(free).Else(put, list).Commit()
+		case k == kindTry:
+			// Written only if no call joined the range after the
+			// revision it was judged at (seen; 0: only if it is empty);
+			// else the range comes back to be judged again.
+			unchanged := clientv3.Compare(clientv3.CreateRevision(r), "<", seen+1).WithPrefix()
+			txn = func(tctx context.Context) (*clientv3.TxnResponse, error) {
+				return l.client.Txn(tctx).If(unchanged).Then(put).Else(list).Commit()
+			}
+		case k == kindWait:
+			txn = func(tctx context.Context) (*clientv3.TxnResponse, error) {
+				return l.client.Txn(tctx).If(free).Else(put, list).Commit()
 			}
 			wrote = func(r *clientv3.TxnResponse) bool { return !r.Succeeded }
 		default:
-			txn = func(c context.Context) (*clientv3.TxnResponse, error) {
-				return l.client.Txn(c).Then(put, list).Commit()
+			txn = func(tctx context.Context) (*clientv3.TxnResponse, error) {
+				return l.client.Txn(tctx).Then(put, list).Commit()
 			}
 			wrote = func(*clientv3.TxnResponse) bool { return true }
 		}
@@ -231,7 +287,23 @@ func (l *Locker) run(ctx context.Context, g *Guard, k kind) error {
 			return l.callError(ctx, err)
 		}
 		if k == kindTry && !resp.Succeeded {
-			return fairlock.ErrWouldBlock
+			if exclusive {
+				return fairlock.ErrWouldBlock
+			}
+			// Judge the range: room now for c beside every call on it?
+			var weight int64
+			for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+				w, other := c.claim.weigh(string(kv.Key))
+				if other != 0 {
+					return l.sizeError(c.claim, other)
+				}
+				weight += w
+			}
+			if weight > c.claim.room() {
+				return fairlock.ErrWouldBlock
+			}
+			seen = resp.Header.Revision
+			continue
 		}
 		if k == kindWait && resp.Succeeded {
 			return nil
@@ -239,126 +311,153 @@ func (l *Locker) run(ctx context.Context, g *Guard, k kind) error {
 		rev := resp.Header.Revision
 		var ahead []string
 		complete := true
+		var other int64 // a Semaphore call of another size ahead
 		if k != kindTry {
 			rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
 			for _, kv := range rr.Kvs {
 				if kv.CreateRevision < rev {
 					ahead = append(ahead, string(kv.Key))
+					if _, o := c.claim.weigh(string(kv.Key)); o != 0 {
+						other = o
+					}
 				}
 			}
 			complete = !rr.More
 		}
 		l.mu.Lock()
-		g.name, g.rev, g.lease = name, rev, ls
-		g.gone = l.lease != ls // abandoned while the key was written
-		l.live[g] = struct{}{}
+		c.name, c.rev, c.lease = name, rev, ls
+		c.gone = l.lease != ls // abandoned while the key was written
+		l.written[c] = struct{}{}
 		l.mu.Unlock()
-		err = l.wait(ctx, g, ahead, complete, rev)
+		if other != 0 {
+			return l.cancel(c, l.sizeError(c.claim, other))
+		}
+		err = l.wait(ctx, c, ahead, complete, rev)
 		if err != errRequeue {
 			return err
 		}
 	}
 }
 
-// wait waits until every key ahead of g's, as read at revision at, is
-// gone. It returns nil with g held, errRequeue if g's key was lost, or
-// the call's error once g's key is deleted.
-func (l *Locker) wait(ctx context.Context, g *Guard, ahead []string, complete bool, at int64) error {
+// limitOf is how many of the keys ahead a call of claim c reads: the
+// nearest aheadLimit for an exclusive call, which waits for all of them
+// anyway; every one (0, no limit) for a shared call or units, whose turn
+// depends on what every call ahead asks for.
+func limitOf(c claim) int64 {
+	if c == (claim{}) {
+		return aheadLimit
+	}
+	return 0
+}
+
+// sizeError is the error of a Semaphore call of claim c that found, on
+// its key, a call of a Semaphore of size other on the same prefix: it
+// fails rather than count units of two sizes together (which could grant
+// more than either size).
+func (l *Locker) sizeError(c claim, other int64) error {
+	return fmt.Errorf("%w: this Semaphore has %d units per key, and a call on the key came from one of %d: every Semaphore on prefix %q must have the same size",
+		fairlock.ErrInvalidWeight, c.size, other, l.prefix)
+}
+
+// The steps of a waiting call (wait).
+type waitStep uint8
+
+const (
+	subscribe waitStep = iota // subscribe with a fresh read of the keys ahead, then judge
+	judge                     // the hub has news: has the call's turn come?
+	reread                    // read the call's queue again
+)
+
+// wait waits until the keys ahead of c's, as read at revision at, leave
+// room for it. It returns nil with c held, errRequeue if c's key was lost,
+// or the call's error once c's key is deleted. Each step either decides
+// the call or names what to wait for before the next; the one select
+// below waits for it, for ctx and for Close. A read of the queue that
+// fails is retried with backoff while ctx lasts and the Locker is open.
+func (l *Locker) wait(ctx context.Context, c *call, ahead []string, complete bool, at int64) error {
 	retry := newBackoff()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	step := subscribe
 	for {
-		l.mu.Lock()
-		ok, ready := true, (<-chan struct{})(nil)
-		if !g.gone {
-			ok, ready = l.subscribeLocked(g, ahead, complete, at)
-		}
-		l.mu.Unlock()
-		for ok {
+		var news <-chan struct{}   // the hub's news for the next step
+		var pause <-chan time.Time // the backoff before reading again
+		if step != reread {
 			l.mu.Lock()
-			switch {
-			case g.gone:
-				l.mu.Unlock()
-				return l.requeue(g)
-			case g.ahead == 0 && g.complete:
-				// Every key ahead is gone: g's key is the oldest.
-				g.state = held
-				g.granted = time.Now()
-				l.held++
-				l.mu.Unlock()
-				return nil
-			case g.ahead == 0:
-				ok = false // the nearest are gone: read the range again
+			ok := true
+			if step == subscribe && !c.gone {
+				// !ok: the hub cannot judge deletions after at; read
+				// again once news (its ready channel) says it is live.
+				ok, news = l.subscribeLocked(c, ahead, complete, at)
+			}
+			step = reread
+			if ok {
+				switch {
+				case c.gone:
+					l.mu.Unlock()
+					return l.requeue(c)
+				case c.ready() && c.complete:
+					// The keys ahead that are left leave room for c: for
+					// a Lock, none is left and c's key is the oldest.
+					c.state = held
+					c.granted = time.Now()
+					l.grants++
+					l.mu.Unlock()
+					return nil
+				case !c.ready():
+					news, step = c.wake, judge
+				}
+				// Else the nearest keys ahead are gone and there were
+				// more: read the range again, now.
 			}
 			l.mu.Unlock()
-			if !ok {
-				break
-			}
-			select {
-			case <-g.wake:
-			case <-ctx.Done():
-				return l.cancel(g, ctxerr.Of(ctx))
-			case <-l.closing:
-				return l.cancel(g, errClosed)
-			}
 		}
-		if ready != nil {
-			select {
-			case <-ready:
-			case <-ctx.Done():
-				return l.cancel(g, ctxerr.Of(ctx))
-			case <-l.closing:
-				return l.cancel(g, errClosed)
+		if news == nil {
+			var err error
+			ahead, complete, at, err = l.check(ctx, c)
+			switch {
+			case err == nil:
+				retry.reset()
+				step = subscribe
+				continue
+			case err == errRequeue:
+				return l.requeue(c)
+			case ctx.Err() != nil:
+				return l.cancel(c, ctxerr.Of(ctx))
+			case l.closing.Err() != nil:
+				return l.cancel(c, errClosed)
+			case l.client.Ctx().Err() != nil:
+				return l.cancel(c, err)
 			}
+			l.logger.Warn("etcdlock: reading a queue failed; retrying", "locker", l.name, "key", logName(c.name), "error", err)
+			timer.Reset(retry.next())
+			pause = timer.C
 		}
-		if err := l.recheck(ctx, g, retry, &ahead, &complete, &at); err != nil {
-			return err
+		select {
+		case <-news:
+		case <-pause:
+		case <-ctx.Done():
+			return l.cancel(c, ctxerr.Of(ctx))
+		case <-l.closing.Done():
+			return l.cancel(c, errClosed)
 		}
 	}
 }
 
-// recheck reads g's queue again (check) into ahead, complete and at,
-// retrying with backoff while etcd fails. The reads and the backoff end
-// when ctx ends or the Locker closes, whichever is first: a Close must not
-// wait for a read that an unreachable etcd never answers. It returns nil,
-// or the call's result: requeued, or cancelled with ctx's error, ErrClosed
-// or the client's.
-func (l *Locker) recheck(ctx context.Context, g *Guard, retry *backoff, ahead *[]string, complete *bool, at *int64) error {
-	rctx, stop := context.WithCancel(ctx)
+// check reads c's queue: whether its key still exists, and the keys
+// ahead of it (the nearest aheadLimit for an exclusive call, and whether
+// that is all of them), at the revision it returns. It returns errRequeue
+// if the key is gone. The read ends when ctx ends or the Locker closes,
+// whichever is first: a Close must not wait for a read that an
+// unreachable etcd never answers.
+func (l *Locker) check(ctx context.Context, c *call) (ahead []string, complete bool, at int64, err error) {
+	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	defer context.AfterFunc(l.shut, stop)()
-	for {
-		var err error
-		*ahead, *complete, *at, err = l.check(rctx, g)
-		if err == nil {
-			retry.reset()
-			return nil
-		}
-		switch {
-		case err == errRequeue:
-			return l.requeue(g)
-		case ctx.Err() != nil:
-			return l.cancel(g, ctxerr.Of(ctx))
-		case l.shut.Err() != nil:
-			return l.cancel(g, errClosed)
-		case l.client.Ctx().Err() != nil:
-			return l.cancel(g, err)
-		}
-		l.logger.Warn("etcdlock: reading a queue failed; retrying", "locker", l.name, "key", g.name, "error", err)
-		if !retry.wait(rctx) {
-			if ctx.Err() != nil {
-				return l.cancel(g, ctxerr.Of(ctx))
-			}
-			return l.cancel(g, errClosed)
-		}
-	}
-}
-
-// check reads g's queue: whether its key still exists, and the keys
-// ahead of it (the nearest aheadLimit, and whether that is all of them),
-// at the revision it returns. It returns errRequeue if the key is gone.
-func (l *Locker) check(ctx context.Context, g *Guard) (ahead []string, complete bool, at int64, err error) {
-	resp, err := l.client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpGet(l.rangeOf(g.key),
-		clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(g.rev-1),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(aheadLimit))).Commit()
+	defer context.AfterFunc(l.closing, stop)()
+	resp, err := l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpGet(l.rangeOf(c.key),
+		clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(c.rev-1),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(c.claim)))).Commit()
 	if err != nil {
 		return nil, false, 0, err
 	}
@@ -372,116 +471,32 @@ func (l *Locker) check(ctx context.Context, g *Guard) (ahead []string, complete 
 	return ahead, !rr.More, resp.Header.Revision, nil
 }
 
-// requeue retires g's lost key before the call queues again; the janitor
+// requeue retires c's lost key before the call queues again; the janitor
 // deletes it if it is still there (its lease abandoned but alive).
-func (l *Locker) requeue(g *Guard) error {
+func (l *Locker) requeue(c *call) error {
 	l.mu.Lock()
-	l.unwatchLocked(g)
-	delete(l.live, g)
-	name, rev := g.name, g.rev
-	g.gone = false
+	l.unwatchLocked(c)
+	delete(l.written, c)
+	name, rev := c.name, c.rev
+	c.gone = false
 	l.mu.Unlock()
 	l.janitorAdd(name, rev)
 	return errRequeue
 }
 
-// cancel takes g out of the queue: it deletes g's key on a detached
-// context and returns err. If g's turn came meanwhile, the deletion hands
+// cancel takes c out of the queue: it deletes c's key on a detached
+// context and returns err. If c's turn came meanwhile, the deletion hands
 // the key to the next call: the grant is never lost.
-func (l *Locker) cancel(g *Guard, err error) error {
+func (l *Locker) cancel(c *call, err error) error {
 	l.mu.Lock()
-	l.unwatchLocked(g)
-	delete(l.live, g)
-	g.state = released
+	l.unwatchLocked(c)
+	delete(l.written, c)
+	c.state = released
 	l.mu.Unlock()
 	// The key goes before the call returns (the prefix is empty once every
 	// call has returned and every grant is released), on a context of its
 	// own bounded by cleanupTimeout: with etcd down a cancelled call
 	// returns after that bound, not at its ctx's end.
-	l.remove(g.name, g.rev)
+	l.remove(c.name, c.rev)
 	return err
-}
-
-// MultiGuard holds the grants of one LockMany call.
-type MultiGuard struct {
-	guards []*Guard // in the order taken: sorted by key
-}
-
-// LockMany locks every key in keys for the owner of ctx, all or nothing:
-// fairlock.LockMany across processes. Duplicate keys are locked once. Keys
-// are locked one at a time in ascending order, each with Lock, so that two
-// LockMany calls (in any processes) can never deadlock each other: the
-// resource-ordering rule (Havender, 1968). Each key is waited for in FIFO
-// order as with Lock.
-//
-// If any Lock fails, every key already taken is unlocked, in reverse
-// order, on a detached context, before LockMany returns the error: a
-// *fairlock.LockError with Op "LockMany" naming the key that failed,
-// wrapping what Lock returned. With no keys LockMany takes nothing, and
-// fails only on a done ctx or a closed Locker. It makes one round trip
-// per key when uncontended.
-func LockMany(ctx context.Context, l *Locker, keys ...string) (*MultiGuard, error) {
-	if ctx == nil {
-		panic("etcdlock: LockMany with a nil context")
-	}
-	if len(keys) == 0 {
-		var err error
-		switch {
-		case ctx.Err() != nil:
-			err = ctxerr.Of(ctx)
-		default:
-			l.mu.Lock()
-			if l.isClosed {
-				err = errClosed
-			}
-			l.mu.Unlock()
-		}
-		if err != nil {
-			return nil, &fairlock.LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: err}
-		}
-		return &MultiGuard{}, nil
-	}
-	sorted := slices.Clone(keys)
-	slices.SortFunc(sorted, cmp.Compare[string])
-	sorted = slices.Compact(sorted)
-	m := &MultiGuard{guards: make([]*Guard, 0, len(sorted))}
-	for _, k := range sorted {
-		g, err := l.acquire(ctx, "LockMany", kindLock, k)
-		if err != nil {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			_ = m.Unlock(uctx)
-			cancel()
-			return nil, err
-		}
-		m.guards = append(m.guards, g)
-	}
-	return m, nil
-}
-
-// Unlock unlocks every key, in the reverse of the order LockMany took
-// them, each with Guard.Unlock and ctx, and returns their errors joined
-// (errors.Join): ErrLost for a grant that was lost. Like Guard.Unlock it
-// is idempotent. A nil MultiGuard holds nothing.
-func (m *MultiGuard) Unlock(ctx context.Context) error {
-	if m == nil {
-		return nil
-	}
-	var errs []error
-	for i := len(m.guards) - 1; i >= 0; i-- {
-		if err := m.guards[i].Unlock(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Guards returns the grants in the order they were taken (sorted by key),
-// for their tokens, Lost channels and IsOwner comparisons; a write that
-// depends on several keys can require all of them in one transaction.
-// The slice is a copy.
-func (m *MultiGuard) Guards() []*Guard {
-	if m == nil {
-		return nil
-	}
-	return slices.Clone(m.guards)
 }

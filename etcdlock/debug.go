@@ -4,8 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/registry"
 )
 
 // stats counts this process's held keys and queued calls, for an
@@ -14,10 +14,10 @@ func (l *Locker) stats() fairlock.Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var st fairlock.Stats
-	for _, gs := range l.keys {
+	for _, cs := range l.keys {
 		holder := false
-		for _, g := range gs {
-			switch g.state {
+		for _, c := range cs {
+			switch c.state {
 			case held:
 				holder = true
 			case queued:
@@ -35,8 +35,10 @@ func (l *Locker) stats() fairlock.Stats {
 type debugSource struct{ l *Locker }
 
 // DebugState reports this process's calls on the Locker's keys: per key,
-// the holder with its fencing token and age, and the queued calls in
-// arrival order. Keys are quoted after l.mu is released.
+// the holders with their mode (exclusive, shared, or units for a
+// Semaphore, with how many), fencing tokens and ages, and the queued
+// calls in arrival order with what each asks for. Keys are quoted after
+// l.mu is released.
 func (src debugSource) DebugState(limit int) registry.LockerState {
 	l := src.l
 	type raw struct {
@@ -45,26 +47,32 @@ func (src debugSource) DebugState(limit int) registry.LockerState {
 	}
 	l.mu.Lock()
 	now := time.Now()
+	kind := "etcdlock.Locker"
+	if l.size > 0 {
+		kind = "etcdlock.Semaphore"
+	}
 	st := registry.LockerState{
-		Kind:          "etcdlock.Locker",
+		Kind:          kind,
+		Units:         l.size,
 		DoubleUnlocks: l.doubles,
 		Reentrant:     l.reentry,
 	}
 	raws := make([]raw, 0, len(l.keys))
-	for key, gs := range l.keys {
+	for key, cs := range l.keys {
 		var k registry.KeyState
-		for _, g := range gs {
-			switch g.state {
+		for _, c := range cs {
+			switch c.state {
 			case held:
-				age := now.Sub(g.granted)
-				k.Mode = registry.Exclusive
+				age := now.Sub(c.granted)
+				k.Mode = c.mode
+				k.Units += c.claim.w
 				k.HeldFor = max(k.HeldFor, age)
 				k.Holders = append(k.Holders, registry.HolderState{
-					Owner: g.owner.String(), Token: uint64(g.rev), Since: g.granted, For: age,
+					Owner: c.owner.String(), Token: uint64(c.rev), Units: c.claim.w, Since: c.granted, For: age,
 				})
 			case queued:
 				k.Waiters = append(k.Waiters, registry.WaiterState{
-					Owner: g.owner.String(), Mode: g.mode, Since: g.since, For: now.Sub(g.since),
+					Owner: c.owner.String(), Mode: c.mode, Units: c.claim.w, Since: c.since, For: now.Sub(c.since),
 				})
 				st.Waiters++
 			}

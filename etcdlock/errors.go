@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -38,6 +38,8 @@ func resultOf(err error) fairlock.Result {
 		return fairlock.WouldBlock
 	case errors.Is(err, fairlock.ErrClosed):
 		return fairlock.Closed
+	case errors.Is(err, fairlock.ErrInvalidWeight):
+		return fairlock.InvalidWeight
 	case errors.Is(err, context.DeadlineExceeded):
 		return fairlock.DeadlineExceeded
 	default:

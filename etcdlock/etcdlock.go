@@ -13,9 +13,21 @@
 // The promises are fairlock's where they make sense: ErrReentrant at once
 // for an owner that already holds the key (checked in this process,
 // without a round trip), a TryLock that never overtakes a queued waiter,
-// Wait, LockMany (sorted, all or nothing), Close. Errors are
-// *fairlock.LockError values naming the key and wrapping fairlock's
-// sentinels, a context's error, an etcd error, or ErrLost.
+// Wait, Close. Errors are *fairlock.LockError values naming the key and
+// wrapping fairlock's sentinels, a context's error, an etcd error, or
+// ErrLost.
+//
+// *Locker is a keylock.RWLocker and *Semaphore a keylock.Semaphore: code
+// written against package keylock (keylock.Do, keylock.LockMany, which
+// serves every backend) runs on etcd unchanged, and every Lease they
+// return is a *Guard, whose IsOwner is one type assertion away. Besides
+// exclusive grants (Lock) a Locker has shared ones (RLock: readers share
+// a key, task-fair behind queued writers), and a Semaphore gives each key
+// n units (Acquire(key, w), head-of-line FIFO). Every mode keeps one etcd
+// key per call and decides a grant from the keys ahead of it: each key's
+// name records what its call asks for (keys.go), so every process can
+// tell, from a keys-only read and the deletions its watch delivers,
+// whether a call's turn has come.
 //
 // What is new across processes is that a grant can be lost: its lease can
 // expire (the process stalled or lost its connection for a TTL) or be
@@ -56,9 +68,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairlock/fairlock/debug/registry"
+	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/ctxerr"
-	"github.com/fairlock/fairlock/internal/registry"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -85,12 +97,18 @@ var lockers atomic.Int64
 // Locker is open), one watch on its prefix, and three goroutines: the
 // lease's renewal, the watch's dispatch, and a janitor that retries
 // deletions that failed; and, while they run, one goroutine per
-// enqueueing transaction and per abandoned lease being revoked. Close
-// stops them all.
+// enqueueing transaction and per abandoned lease being revoked, and two
+// per watch being opened or listing being read. Close stops them all.
+// While it has calls queued or held, a Locker whose watch has been
+// silent for a tenth of the TTL (0.3 to 1 s) asks the server for a
+// progress notification on it, a small message each way, and replaces a
+// watch that does not answer (hub.go: a member that stopped answering
+// without closing the connection).
 type Locker struct {
 	client  *clientv3.Client
 	prefix  string // as given to New
 	root    string // rootOf(prefix): every etcd key of the Locker starts with it
+	size    int64  // a Semaphore's units per key; 0 for a Locker
 	name    string
 	ttl     time.Duration // asked of the server: the option rounded up to whole seconds
 	logger  *slog.Logger
@@ -102,29 +120,36 @@ type Locker struct {
 
 	seq atomic.Uint64 // numbers the etcd keys this Locker writes
 
-	bg      context.Context    // the background goroutines' context
-	stopBg  context.CancelFunc // cancels bg: Close, after the calls have ended
-	wg      sync.WaitGroup     // the lease loop, the watch loop, the janitor
-	closing <-chan struct{}    // closed by the first Close: shut.Done()
-	shut    context.Context    // ended by the first Close
-	shutNow context.CancelFunc // ends shut
-	closed  chan struct{}      // closed when the first Close returns
-	kick    chan struct{}      // cap 1: wakes the janitor
+	// Closing: an open Locker goes once through three stages, each
+	// marked by one context or channel that ends with it, in this order.
+	//  1. closing ends when Close begins (under mu): calls fail with
+	//     ErrClosed, queued calls leave the queue, reads and enqueueing
+	//     transactions in progress are given up.
+	//  2. bg ends once the calls have ended and the grants are released
+	//     (or Close's ctx ended): the lease loop, the watch loop and the
+	//     janitor stop, and with them background deletions and revokes.
+	//  3. closed is closed when the first Close returns: later Closes
+	//     return, and Unlock has no key left to delete.
+	closing    context.Context
+	beginClose context.CancelFunc // ends closing
+	bg         context.Context    // the background goroutines' context
+	stopBg     context.CancelFunc // ends bg
+	closed     chan struct{}
+	wg         sync.WaitGroup // the lease loop, the watch loop, the janitor
 
-	mu       sync.Mutex // guards everything below, and the Guards' fields marked so
-	isClosed bool       // Close has begun: calls fail with ErrClosed
-	lease    *lease     // the current lease; nil while a new one is granted
-	leaseCh  chan struct{}
-	keys     map[string][]*Guard // user key → this process's calls on it, in arrival order
-	live     map[*Guard]struct{} // calls with an etcd key: queued or held
-	hub      hub                 // the watch's dispatch state
-	janitor  map[string]cleanup  // etcd keys still to delete
-	calls    int                 // Lock, TryLock and Wait calls in progress
-	held     int                 // grants not yet unlocked
-	pending  int                 // enqueueing transactions still running for a call that returned
-	idle     chan struct{}       // cap 1: signalled when calls, held or pending drops
-	doubles  int64               // Unlocks of a Guard already unlocked
-	reentry  int64               // calls refused with ErrReentrant
+	mu      sync.Mutex // guards everything below, and the calls' fields marked so
+	lease   *lease     // the current lease; nil while a new one is granted
+	leaseCh chan struct{}
+	keys    map[string][]*call // user key → this process's calls on it, in arrival order
+	written map[*call]struct{} // calls with an etcd key: queued or held
+	hub     hub                // the watch's dispatch state
+	janitor janitor            // etcd keys still to delete
+	calls   int                // calls in progress (Lock, TryLock, Wait, …)
+	grants  int                // grants not yet unlocked
+	pending int                // enqueueing transactions still running for a call that returned
+	idle    chan struct{}      // cap 1: signalled when calls, grants or pending drops
+	doubles int64              // Unlocks of a Guard already unlocked
+	reentry int64              // calls refused with ErrReentrant
 
 	watchCancel context.CancelFunc // ends the current watch (tests: PauseWatch)
 	watchGate   chan struct{}      // tests: the next watch starts once it is closed
@@ -143,11 +168,17 @@ type Locker struct {
 // goroutines that Close stops. The client must stay open until Close has
 // returned.
 func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error) {
+	return newLocker("New", client, prefix, 0, opts)
+}
+
+// newLocker is New, and NewSemaphore's Locker when size > 0; op names the
+// call in errors.
+func newLocker(op string, client *clientv3.Client, prefix string, size int64, opts []Option) (*Locker, error) {
 	if client == nil {
-		return nil, errors.New("etcdlock: New: nil client")
+		return nil, errors.New("etcdlock: " + op + ": nil client")
 	}
 	if prefix == "" || rootOf(prefix) == "/" {
-		return nil, fmt.Errorf("etcdlock: New: prefix %q is empty or only slashes", prefix)
+		return nil, fmt.Errorf("etcdlock: %s: prefix %q is empty or only slashes", op, prefix)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -166,21 +197,20 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 		client:  client,
 		prefix:  prefix,
 		root:    rootOf(prefix),
+		size:    size,
 		name:    cfg.name,
 		ttl:     ttlSeconds(cfg.ttl),
 		logger:  cfg.logger,
 		value:   host + ":" + strconv.Itoa(os.Getpid()) + " ",
 		closed:  make(chan struct{}),
-		kick:    make(chan struct{}, 1),
 		leaseCh: make(chan struct{}),
-		keys:    make(map[string][]*Guard),
-		live:    make(map[*Guard]struct{}),
-		janitor: make(map[string]cleanup),
+		keys:    make(map[string][]*call),
+		written: make(map[*call]struct{}),
+		janitor: janitor{keys: make(map[string]cleanup), kick: make(chan struct{}, 1)},
 		idle:    make(chan struct{}, 1),
 	}
 	l.hub.init()
-	l.shut, l.shutNow = context.WithCancel(context.Background())
-	l.closing = l.shut.Done()
+	l.closing, l.beginClose = context.WithCancel(context.Background())
 	l.bg, l.stopBg = context.WithCancel(context.WithoutCancel(client.Ctx()))
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
@@ -188,7 +218,7 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 	ls, err := l.grant(ctx)
 	if err != nil {
 		l.stopBg()
-		return nil, fmt.Errorf("etcdlock: New: grant lease: %w", err)
+		return nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}
 	l.lease = ls
 	close(l.leaseCh)
@@ -203,7 +233,7 @@ func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error
 		l.stopBg()
 		l.wg.Wait()
 		l.revoke(ls)
-		return nil, fmt.Errorf("etcdlock: New: watch %q: %w", l.root, ctx.Err())
+		return nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, l.root, ctx.Err())
 	}
 	if cfg.observer != nil {
 		l.obs = cfg.observer.Register(l.name, l.stats)
@@ -236,8 +266,9 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	return resp.Count > 0, nil
 }
 
-// Close closes the Locker. Later Lock, TryLock and Wait calls return
-// ErrClosed, and queued calls wake with ErrClosed, deleting their keys.
+// Close closes the Locker. Later calls (Lock, TryLock, RLock, TryRLock,
+// Wait) return ErrClosed, and queued calls wake with ErrClosed, deleting
+// their keys.
 // Close then waits until every grant has been unlocked or ctx is done.
 // Then it stops the Locker's goroutines and revokes its lease, which
 // deletes every key the Locker still had in etcd, and makes a last try
@@ -258,10 +289,9 @@ func (l *Locker) Close(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	l.mu.Lock()
-	first := !l.isClosed
+	first := l.closing.Err() == nil
 	if first {
-		l.isClosed = true
-		l.shutNow()
+		l.beginClose()
 	}
 	l.mu.Unlock()
 	if !first {
@@ -274,14 +304,14 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	defer close(l.closed)
 
-	// Queued calls see l.closing, delete their keys and return.
+	// Queued calls see closing, delete their keys and return.
 	var errs []error
-	if held := l.waitIdle(ctx); held > 0 {
+	if grants := l.waitIdle(ctx); grants > 0 {
 		noun := "grants"
-		if held == 1 {
+		if grants == 1 {
 			noun = "grant"
 		}
-		errs = append(errs, fmt.Errorf("etcdlock: Close: %d %s still held, now lost: %w", held, noun, ctxerr.Of(ctx)))
+		errs = append(errs, fmt.Errorf("etcdlock: Close: %d %s still held, now lost: %w", grants, noun, ctxerr.Of(ctx)))
 	}
 	l.stopBg()
 	l.wg.Wait()
@@ -289,8 +319,8 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
 	ls := l.lease
 	l.lease = nil
-	for g := range l.live {
-		l.loseLocked(g)
+	for c := range l.written {
+		l.loseLocked(c)
 	}
 	l.mu.Unlock()
 	// The revoke deletes every key of the lease; then a last try at
@@ -320,17 +350,17 @@ func (l *Locker) Close(ctx context.Context) error {
 
 // waitIdle waits until no call is in progress, no grant is held and no
 // enqueueing transaction is pending, or ctx is done. Calls and pending
-// transactions end on their own in bounded time once l.closing is
-// closed, so it waits for them even past ctx; it returns how many grants
+// transactions end on their own in bounded time once l.closing has
+// ended, so it waits for them even past ctx; it returns how many grants
 // were still held.
 func (l *Locker) waitIdle(ctx context.Context) int {
 	done, expired := ctx.Done(), false
 	for {
 		l.mu.Lock()
-		calls, held, pending := l.calls, l.held, l.pending
+		calls, grants, pending := l.calls, l.grants, l.pending
 		l.mu.Unlock()
-		if calls == 0 && pending == 0 && (held == 0 || expired) {
-			return held
+		if calls == 0 && pending == 0 && (grants == 0 || expired) {
+			return grants
 		}
 		select {
 		case <-l.idle:

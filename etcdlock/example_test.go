@@ -1,78 +1,123 @@
 package etcdlock_test
 
+// These examples compile with etcdlock's tests but do not run: they need
+// an etcd cluster, and etcdlock's module has no etcd server (its tests
+// that start one are the module etcdlock/internal/etcdlocktests, which
+// keeps etcdtest and the server out of etcdlock's go.mod: RELEASING.md).
+// That module runs copies of them, Output checked, on an embedded server.
+
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"os"
+	"strings"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/etcdlock"
-	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 )
 
-// exampleClient starts an embedded server for an example and returns a
-// client and the function that stops both. Real code dials its cluster
-// with clientv3.New.
-func exampleClient() (*clientv3.Client, func()) {
-	dir, err := os.MkdirTemp("", "etcdlock-example-")
+// A program dials its etcd cluster with clientv3.New and builds a Locker
+// on the client, under a key prefix of its own. The endpoints (and, for a
+// cluster that requires client certificates, the TLS files) come from the
+// program's configuration; here, from the environment.
+// A test of the module etcdlock/internal/etcdlocktests runs it against
+// an embedded server.
+func Example_setup() {
+	// The cluster's client URLs, e.g. "https://etcd-1:2379,https://etcd-2:2379".
+	cfg := clientv3.Config{
+		Endpoints:   strings.Split(os.Getenv("ETCD_ENDPOINTS"), ","),
+		DialTimeout: 5 * time.Second,
+	}
+	// TLS is optional: a cluster run with --client-cert-auth wants the
+	// client's certificate, and https endpoints the cluster's CA.
+	if ca := os.Getenv("ETCD_CA_FILE"); ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			log.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(pem)
+		cert, err := tls.LoadX509KeyPair(os.Getenv("ETCD_CERT_FILE"), os.Getenv("ETCD_KEY_FILE"))
+		if err != nil {
+			log.Fatal(err)
+		}
+		cfg.TLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	client, err := clientv3.New(cfg)
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	srv, err := etcdtest.NewServer(dir)
-	if err != nil {
-		panic(err)
-	}
-	client, err := etcdtest.NewClient(srv.Endpoints())
-	if err != nil {
-		panic(err)
-	}
-	return client, func() {
-		_ = client.Close()
-		srv.Close()
-		_ = os.RemoveAll(dir)
-	}
-}
+	defer client.Close()
 
-// Writes to etcd made under a grant are fenced with IsOwner: they happen
-// only if the grant is still current when etcd applies them.
-func Example() {
-	client, stop := exampleClient()
-	defer stop()
 	ctx := context.Background()
-
 	locks, err := etcdlock.New(client, "/locks/orders")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer locks.Close(ctx)
 
 	g, err := locks.Lock(ctx, "order-7")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
+	// … work on order-7, fencing writes with g.IsOwner or g.Token …
+	if err := g.Unlock(ctx); err != nil {
+		log.Fatal(err) // etcdlock.ErrLost: the grant ended before Unlock
+	}
+}
+
+// Writes to etcd made under a grant are fenced with IsOwner: they happen
+// only if the grant is still current when etcd applies them. IsOwner is
+// a method of *etcdlock.Guard, the type behind every keylock.Lease that
+// etcdlock returns. The client dials the cluster as in Example_setup.
+func Example() {
+	client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv("ETCD_ENDPOINTS"), ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+
+	locks, err := etcdlock.New(client, "/locks/orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locks.Close(ctx)
+
+	lease, err := locks.Lock(ctx, "order-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Lock returns a keylock.Lease, so that code written against package
+	// keylock runs on etcd too; behind it is always a *etcdlock.Guard,
+	// whose IsOwner is one type assertion away.
+	g := lease.(*etcdlock.Guard)
 	resp, err := client.Txn(ctx).
 		If(g.IsOwner()).
 		Then(clientv3.OpPut("/orders/order-7", "paid")).
 		Commit()
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	fmt.Println("written under the grant:", resp.Succeeded)
 	if err := g.Unlock(ctx); err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 
 	// The same transaction with the released grant writes nothing.
 	resp, err = client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/orders/order-7", "stale")).Commit()
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	fmt.Println("written after Unlock:", resp.Succeeded)
-	// Output:
-	// written under the grant: true
-	// written after Unlock: false
 }
 
 // fencedStore is a store outside etcd that refuses writes from grants
@@ -100,31 +145,33 @@ func (s *fencedStore) Put(key, value string, token uint64) error {
 // refuses smaller ones: a holder that lost its grant (paused past its
 // lease, say) cannot overwrite what a later holder wrote.
 func ExampleGuard_Token() {
-	client, stop := exampleClient()
-	defer stop()
+	client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv("ETCD_ENDPOINTS"), ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
 	ctx := context.Background()
 	locks, err := etcdlock.New(client, "/locks/files")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer locks.Close(ctx)
 	store := &fencedStore{tokens: map[string]uint64{}, data: map[string]string{}}
 
 	first, err := locks.Lock(ctx, "report.pdf")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	// Suppose the first holder stalls and loses its grant; here it simply
 	// unlocks, and a second holder takes the key.
 	_ = first.Unlock(ctx)
 	second, err := locks.Lock(ctx, "report.pdf")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	fmt.Println("second holder:", store.Put("report.pdf", "v2", second.Token()))
 	fmt.Println("first holder, late:", store.Put("report.pdf", "v1", first.Token()))
 	_ = second.Unlock(ctx)
-	// Output:
-	// second holder: <nil>
-	// first holder, late: stale fencing token
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

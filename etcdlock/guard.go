@@ -2,79 +2,38 @@ package etcdlock
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
-	"github.com/fairlock/fairlock/owner"
+	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The states of a call. A call is queued from its start until it is
-// granted (held) or ends without a grant (released); a grant is held
-// until Unlock, Close, or, for Wait, the instant it is taken (released).
-const (
-	queued = iota
-	held
-	released
-)
-
-// Guard is one grant of a key, returned by Lock and TryLock; its Unlock
-// releases the key. Its methods are safe for concurrent use, and Unlock
-// may be called from any goroutine. A nil *Guard holds nothing: Unlock
-// does nothing, Token is 0, Lost is nil.
+// Guard is one grant of a key, in any mode: the keylock.Lease behind
+// every Lease that Locker.Lock, TryLock, RLock, TryRLock and
+// Semaphore.Acquire, TryAcquire return. Its Unlock releases the grant.
+// The etcd-specific IsOwner is one type assertion away:
+//
+//	lease, err := locks.Lock(ctx, "order-7")
+//	…
+//	g := lease.(*etcdlock.Guard)
+//	client.Txn(ctx).If(g.IsOwner()).Then(…)
+//
+// Its methods are safe for concurrent use, and Unlock may be called from
+// any goroutine. A nil *Guard holds nothing: Unlock does nothing, Token
+// is 0, Lost is nil.
 type Guard struct {
-	l     *Locker
-	key   string
-	owner owner.ID
-	mode  string        // registry.Exclusive, or registry.Wait for Wait
-	since time.Time     // when the call began
-	lost  chan struct{} // closed when a held grant is lost
-	sem   chan struct{} // cap 1: one Unlock at a time
-
-	// The call's etcd key. Written under Locker.mu while the call is
-	// queued; fixed once the Guard is returned.
-	name  string
-	rev   int64 // its creation revision: the fencing token
-	lease *lease
-
-	// Guarded by Locker.mu.
-	state      int
-	granted    time.Time
-	wake       chan struct{} // cap 1: the hub has news for the waiting call
-	ahead      int           // subscribed keys ahead not yet deleted
-	aheadKeys  []string      // those keys
-	complete   bool          // aheadKeys were every key ahead
-	ownWatched bool          // subscribed to its own key's deletion
-	gone       bool          // its key was deleted, or its lease abandoned
-	releasing  bool          // Unlock has begun: a deletion of its key is Unlock's
-	lostClosed bool          // lost is closed
-}
-
-// signal wakes the call waiting on g. Locker.mu is held.
-func (g *Guard) signal() {
-	select {
-	case g.wake <- struct{}{}:
-	default:
-	}
-}
-
-// loseLocked marks g's key gone; a held grant is lost: its Lost channel
-// closes. l.mu is held.
-func (l *Locker) loseLocked(g *Guard) {
-	g.gone = true
-	if g.state == held && !g.releasing && !g.lostClosed {
-		g.lostClosed = true
-		close(g.lost)
-	}
-	g.signal()
+	l   *Locker
+	c   *call         // the call that was granted
+	sem chan struct{} // cap 1: one Unlock at a time
 }
 
 // Key returns the key the grant is for.
 func (g *Guard) Key() string {
-	if g == nil {
+	if g == nil || g.c == nil {
 		return ""
 	}
-	return g.key
+	return g.c.key
 }
 
 // Token returns the grant's fencing token: the creation revision of its
@@ -86,10 +45,10 @@ func (g *Guard) Key() string {
 // Tokens of different keys are revisions of one etcd cluster and are
 // comparable with each other too. A nil Guard's token is 0.
 func (g *Guard) Token() uint64 {
-	if g == nil {
+	if g == nil || g.c == nil {
 		return 0
 	}
-	return uint64(g.rev)
+	return uint64(g.c.rev)
 }
 
 // Lost returns a channel that is closed when the grant is lost while it
@@ -101,10 +60,10 @@ func (g *Guard) Token() uint64 {
 // Unlock does not close it. Another process may hold the key as soon as
 // it is lost: stop writing, and fence what you write (Token, IsOwner).
 func (g *Guard) Lost() <-chan struct{} {
-	if g == nil {
+	if g == nil || g.c == nil {
 		return nil
 	}
-	return g.lost
+	return g.c.lost
 }
 
 // IsOwner returns the etcd comparison that holds while this grant is
@@ -118,10 +77,10 @@ func (g *Guard) Lost() <-chan struct{} {
 // it, whatever the clocks and pauses. A nil Guard's comparison never
 // holds.
 func (g *Guard) IsOwner() clientv3.Cmp {
-	if g == nil {
+	if g == nil || g.c == nil {
 		return clientv3.Compare(clientv3.CreateRevision("\x00etcdlock: no grant"), "=", -1)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(g.name), "=", g.rev)
+	return g.c.isOwner()
 }
 
 // Unlock releases the grant: it deletes the grant's key in one
@@ -138,9 +97,13 @@ func (g *Guard) IsOwner() clientv3.Cmp {
 // there. If the deletion fails (ctx ends, etcd is unreachable) Unlock
 // returns an error wrapping that failure, and the Locker keeps deleting
 // the key in the background until it succeeds or the lease ends: either
-// way the Guard is released and the key does not stay.
+// way the Guard is released and the key does not stay. A deletion that
+// fails for a grant that was lost before Unlock began, or whose lease
+// the Locker gave up while Unlock ran (its deadline passed: see Lost),
+// returns an error wrapping both ErrLost and the failure; errors.Is finds
+// either.
 func (g *Guard) Unlock(ctx context.Context) error {
-	if g == nil || g.l == nil {
+	if g == nil || g.c == nil {
 		return nil
 	}
 	if ctx == nil {
@@ -156,19 +119,19 @@ func (g *Guard) Unlock(ctx context.Context) error {
 		select {
 		case g.sem <- struct{}{}:
 		case <-ctx.Done():
-			return lockError("Unlock", g.key, g.owner, ctxerr.Of(ctx))
+			return lockError("Unlock", g.c.key, g.c.owner, ctxerr.Of(ctx))
 		}
 	}
 	defer func() { <-g.sem }()
-	l := g.l
+	l, c := g.l, g.c
 	l.mu.Lock()
-	if g.state != held {
+	if c.state != held {
 		l.doubles++
 		l.mu.Unlock()
 		return nil
 	}
-	lostBefore := g.lostClosed
-	g.releasing = true
+	lostBefore := c.lostClosed
+	c.releasing = true
 	l.mu.Unlock()
 
 	var err error
@@ -179,25 +142,31 @@ func (g *Guard) Unlock(ctx context.Context) error {
 		gone = true
 	default:
 		var resp *clientv3.TxnResponse
-		resp, err = l.client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpDelete(g.name)).Commit()
+		resp, err = l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpDelete(c.name)).Commit()
 		if err != nil {
-			l.janitorAdd(g.name, g.rev)
+			l.janitorAdd(c.name, c.rev)
 		} else {
 			gone = !resp.Succeeded
 		}
 	}
 	now := time.Now()
 	l.mu.Lock()
-	l.unwatchLocked(g)
-	delete(l.live, g)
-	l.forgetLocked(g)
-	g.state = released
-	l.held--
-	if gone && !g.lostClosed {
-		g.lostClosed = true
-		close(g.lost)
+	// A failed deletion says nothing about the key; the grant was lost
+	// if Lost was closed before Unlock began or its lease was abandoned
+	// since. (A deletion that succeeded found the key current.)
+	lostToo := err != nil && (lostBefore || c.lease.abandoned)
+	if lostToo {
+		gone = true
 	}
-	hold := now.Sub(g.granted)
+	l.unwatchLocked(c)
+	delete(l.written, c)
+	l.forgetLocked(c)
+	c.state = released
+	l.grants--
+	if gone {
+		c.closeLost()
+	}
+	hold := now.Sub(c.granted)
 	l.signalIdle()
 	l.mu.Unlock()
 	if l.obs != nil {
@@ -208,10 +177,12 @@ func (g *Guard) Unlock(ctx context.Context) error {
 		l.obsMu.RUnlock()
 	}
 	switch {
+	case lostToo:
+		return lockError("Unlock", c.key, c.owner, fmt.Errorf("%w; deleting its key failed: %w", ErrLost, l.callError(ctx, err)))
 	case err != nil:
-		return lockError("Unlock", g.key, g.owner, l.callError(ctx, err))
+		return lockError("Unlock", c.key, c.owner, l.callError(ctx, err))
 	case lostBefore || gone:
-		return lockError("Unlock", g.key, g.owner, ErrLost)
+		return lockError("Unlock", c.key, c.owner, ErrLost)
 	}
 	return nil
 }

@@ -2,12 +2,16 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Dispatch of deletions: how a waiter learns, without a round trip and
@@ -27,14 +31,18 @@ import (
 // A subscription with G < hub.from cannot be judged and is refused: the
 // call reads its state again (a fresh G) and subscribes again.
 //
-// A waiter is granted when every key ahead of it is gone and it knew them
-// all: no key with a smaller creation revision can appear later, so at the
-// revision of the last deletion its own key was the oldest in its range.
-// If it watched only the nearest keys, it reads the range once more when
-// they are gone.
+// A waiter is granted when the keys ahead of it that are left leave room
+// for it (claim.weigh: for a Lock, when every key ahead is gone; for an
+// RLock, every key ahead that is not a reader's; for w units, enough
+// units) and it knew them all: no key with a smaller creation revision can
+// appear later, so at the revision of the deletion that made room its own
+// key's turn had come. An exclusive call subscribes to the nearest keys
+// only; when they are gone and there were more, it reads the range once
+// more. Shared calls and units read every key ahead: a reader's turn
+// depends on every call ahead of it, not only the nearest.
 //
-// If the watch ends (compaction, lost leader, an error), the loop starts a
-// new one at the then current revision W' and rebuilds the hub from one
+// If the watch ends (compaction, lost leader, an error, or silence: see
+// serveWatch), the loop starts a new one at the then current revision W' and rebuilds the hub from one
 // listing of the prefix read after W': each call's own key present or not
 // (a held grant whose key is gone is lost), and each waiter's complete set
 // of keys ahead. Deletions up to the listing are reflected in it; later
@@ -58,86 +66,90 @@ type deletion struct {
 
 // hub is the dispatch state. It is guarded by Locker.mu.
 type hub struct {
-	started bool                // the first watch was created
-	live    bool                // the watch is established and dispatching
-	ready   chan struct{}       // closed while live; replaced when the watch ends
-	from    int64               // see the comment above
-	recent  map[string]int64    // deleted key → revision, for revisions > from
-	order   []deletion          // recent, oldest first, for eviction
-	watched map[string][]*Guard // etcd key → calls that wait for its deletion or own it
+	started bool               // the first watch was created
+	live    bool               // the watch is established and dispatching
+	ready   chan struct{}      // closed while live; replaced when the watch ends
+	from    int64              // see the comment above
+	recent  map[string]int64   // deleted key → revision, for revisions > from
+	order   []deletion         // recent, oldest first, for eviction
+	watched map[string][]*call // etcd key → calls that wait for its deletion or own it
 }
 
 func (h *hub) init() {
 	h.ready = make(chan struct{})
 	h.recent = make(map[string]int64)
-	h.watched = make(map[string][]*Guard)
+	h.watched = make(map[string][]*call)
 }
 
 // readyCh returns the channel closed once the watch is live.
 func (h *hub) readyCh() <-chan struct{} { return h.ready }
 
-// subscribeLocked subscribes g to the deletion of the keys ahead of it
+// subscribeLocked subscribes c to the deletion of the keys ahead of it
 // (all of them if complete) and of its own key, as read at revision at.
 // It reports false, with the channel to wait on before reading again, if
-// the hub cannot judge deletions after at. It wakes g at once if every
+// the hub cannot judge deletions after at. It wakes c at once if every
 // key ahead is already gone or its own key is. l.mu is held.
-func (l *Locker) subscribeLocked(g *Guard, ahead []string, complete bool, at int64) (bool, <-chan struct{}) {
+func (l *Locker) subscribeLocked(c *call, ahead []string, complete bool, at int64) (bool, <-chan struct{}) {
 	h := &l.hub
 	if !h.live || at < h.from {
 		return false, h.ready
 	}
-	l.unwatchAheadLocked(g)
-	g.complete = complete
+	l.unwatchAheadLocked(c)
+	c.complete = complete
 	for _, k := range ahead {
 		if r, ok := h.recent[k]; ok && r > at {
 			continue
 		}
-		h.watched[k] = append(h.watched[k], g)
-		g.aheadKeys = append(g.aheadKeys, k)
+		w, _ := c.claim.weigh(k)
+		if w == 0 {
+			continue // a reader ahead of a reader: it never keeps it waiting
+		}
+		h.watched[k] = append(h.watched[k], c)
+		c.aheadKeys = append(c.aheadKeys, k)
+		c.weight += w
 	}
-	g.ahead = len(g.aheadKeys)
-	if !g.ownWatched {
-		if r, ok := h.recent[g.name]; ok && r > at {
-			l.loseLocked(g)
+	if !c.ownWatched {
+		if r, ok := h.recent[c.name]; ok && r > at {
+			l.loseLocked(c)
 		} else {
-			h.watched[g.name] = append(h.watched[g.name], g)
-			g.ownWatched = true
+			h.watched[c.name] = append(h.watched[c.name], c)
+			c.ownWatched = true
 		}
 	}
-	if g.ahead == 0 {
-		g.signal()
+	if c.ready() {
+		c.signal()
 	}
 	return true, nil
 }
 
-// unwatchAheadLocked removes g's subscriptions to keys ahead. l.mu is held.
-func (l *Locker) unwatchAheadLocked(g *Guard) {
-	for _, k := range g.aheadKeys {
-		l.hub.drop(k, g)
+// unwatchAheadLocked removes c's subscriptions to keys ahead. l.mu is held.
+func (l *Locker) unwatchAheadLocked(c *call) {
+	for _, k := range c.aheadKeys {
+		l.hub.drop(k, c)
 	}
-	g.aheadKeys = g.aheadKeys[:0]
-	g.ahead = 0
+	c.aheadKeys = c.aheadKeys[:0]
+	c.weight = 0
 }
 
-// unwatchLocked removes every subscription of g. l.mu is held.
-func (l *Locker) unwatchLocked(g *Guard) {
-	l.unwatchAheadLocked(g)
-	if g.ownWatched {
-		l.hub.drop(g.name, g)
-		g.ownWatched = false
+// unwatchLocked removes every subscription of c. l.mu is held.
+func (l *Locker) unwatchLocked(c *call) {
+	l.unwatchAheadLocked(c)
+	if c.ownWatched {
+		l.hub.drop(c.name, c)
+		c.ownWatched = false
 	}
 }
 
-// drop removes g from the subscribers of k.
-func (h *hub) drop(k string, g *Guard) {
-	gs := h.watched[k]
-	if i := slices.Index(gs, g); i >= 0 {
-		gs = slices.Delete(gs, i, i+1)
+// drop removes c from the subscribers of k.
+func (h *hub) drop(k string, c *call) {
+	cs := h.watched[k]
+	if i := slices.Index(cs, c); i >= 0 {
+		cs = slices.Delete(cs, i, i+1)
 	}
-	if len(gs) == 0 {
+	if len(cs) == 0 {
 		delete(h.watched, k)
 	} else {
-		h.watched[k] = gs
+		h.watched[k] = cs
 	}
 }
 
@@ -158,32 +170,76 @@ func (l *Locker) deletedLocked(key string, rev int64) {
 			h.order = slices.Clone(h.order)
 		}
 	}
-	gs := h.watched[key]
-	if gs == nil {
+	cs := h.watched[key]
+	if cs == nil {
 		return
 	}
 	delete(h.watched, key)
-	for _, g := range gs {
-		if key == g.name {
-			g.ownWatched = false
-			l.loseLocked(g)
+	for _, c := range cs {
+		if key == c.name {
+			c.ownWatched = false
+			l.loseLocked(c)
 			continue
 		}
-		if i := slices.Index(g.aheadKeys, key); i >= 0 {
-			g.aheadKeys = slices.Delete(g.aheadKeys, i, i+1)
-			g.ahead--
-			if g.ahead == 0 {
-				g.signal()
+		if i := slices.Index(c.aheadKeys, key); i >= 0 {
+			c.aheadKeys = slices.Delete(c.aheadKeys, i, i+1)
+			was := c.ready()
+			w, _ := c.claim.weigh(key)
+			c.weight -= w
+			if !was && c.ready() {
+				c.signal()
 			}
 		}
 	}
 }
+
+// A watch that stops delivering. A watch's gRPC stream runs over one of
+// the client's connections; if the member behind it stops answering
+// without resetting the connection (a host gone from the network, a
+// blackholed path), nothing fails and nothing arrives: the Locker would
+// never learn of a release again. So the watch loop checks that its watch
+// answers while this process has calls queued or held: when the watch has
+// been silent for probe (probeBound of the TTL), it asks the server for a
+// progress notification (clientv3's RequestProgress: the server answers
+// on the same stream with its current revision, etcd's progress notify),
+// and if nothing at all arrives within probe of the request, it gives the
+// watch up as stalled and starts a new one, as after any other end of the
+// watch. Each watch has its own gRPC stream (a metadata pair of its own:
+// clientv3 shares one stream between the watches of equal metadata), so
+// a new watch opens a new stream, which the client's round-robin balancer
+// puts on one of its connections. The new watch is opened twice at once
+// (openWatch) and the listing that rebuilds the hub read twice at once
+// (list), so that they go out on two connections, the first answer wins,
+// and one silent member cannot hold up either; both are given probe, and
+// tried again at once if neither answers.
+//
+// A stalled watch is so noticed within 2.5·probe of its last message
+// (the silence, then the unanswered request; the ticker checks every
+// probe/4), and replaced within about 2·probe more. Each time the bound
+// runs out without an answer it grows by probe for the next try, up to
+// cleanupTimeout, so that a slow server that answers, late, is not given
+// up on again and again; an answered progress request resets it.
+
+// probeBound is the silence, and the wait for an answer, after which a
+// watch is given up, for a Locker of TTL ttl: a tenth of the TTL, at
+// least 300 ms and at most 1 s.
+func probeBound(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, 300*time.Millisecond), time.Second)
+}
+
+// errWatchStalled ends a watch that did not answer within its bound.
+var errWatchStalled = errors.New("etcdlock: the watch did not answer in time")
+
+// watchSeq numbers watches, to give each its own gRPC stream.
+var watchSeq atomic.Uint64
 
 // watchLoop keeps the Locker's watch on its prefix and dispatches
 // deletions until l.bg ends. It runs in its own goroutine.
 func (l *Locker) watchLoop() {
 	defer l.wg.Done()
 	retry := newBackoff()
+	base := probeBound(l.ttl)
+	bound := base
 	for l.bg.Err() == nil {
 		l.mu.Lock()
 		gate := l.watchGate
@@ -196,33 +252,22 @@ func (l *Locker) watchLoop() {
 				return
 			}
 		}
-		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.bg))
+		parent, cancel := context.WithCancel(l.bg)
 		l.mu.Lock()
 		l.watchCancel = cancel
 		l.mu.Unlock()
-		wch := l.client.Watch(ctx, l.root, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-		var err error
-		for resp := range wch {
-			if err = resp.Err(); err != nil {
-				break
-			}
-			if resp.Created {
-				if err = l.started(ctx, resp.Header.Revision); err != nil {
-					break
-				}
-				retry.reset()
-				continue
-			}
-			l.mu.Lock()
-			for _, ev := range resp.Events {
-				if ev.Type == mvccpb.DELETE {
-					l.deletedLocked(string(ev.Kv.Key), ev.Kv.ModRevision)
-				}
-			}
-			l.mu.Unlock()
+		ctx, wch, ok := l.openWatch(parent, bound)
+		err := parent.Err()
+		switch {
+		case ok:
+			err = l.serveWatch(ctx, wch, retry, &bound, base)
+		case err == nil:
+			err = errWatchStalled // not created within bound
 		}
 		cancel()
-		for range wch { // drain, so the watcher's goroutines can exit
+		if ok {
+			for range wch { // drain, so the watcher's goroutines can exit
+			}
 		}
 		l.mu.Lock()
 		if l.hub.live {
@@ -233,21 +278,158 @@ func (l *Locker) watchLoop() {
 		if l.bg.Err() != nil {
 			return
 		}
+		stalled := errors.Is(err, errWatchStalled)
+		if stalled {
+			bound = min(bound+base, cleanupTimeout)
+		}
 		if err != nil {
 			l.logger.Warn("etcdlock: watch ended; restarting it", "locker", l.name, "prefix", l.root, "error", err)
 		} else {
 			l.logger.Info("etcdlock: watch closed; restarting it", "locker", l.name, "prefix", l.root)
 		}
-		if !retry.wait(l.bg) {
+		// A watch that did not answer has had its wait: the next goes
+		// out at once, on another connection.
+		if !stalled && !retry.wait(l.bg) {
 			return
 		}
 	}
 }
 
-// started makes the hub live on a watch created at revision w. The first
+// watchHedge is how many watches openWatch starts at once.
+const watchHedge = 2
+
+// openWatch starts watchHedge watches of the prefix at once under parent,
+// each on a gRPC stream of its own (a metadata pair of its own), and
+// returns the first the server creates within bound, and true; it ends
+// and drains the others before it returns. Two streams opened together
+// go out on two connections of a client that has several (round-robin),
+// so one member that does not answer cannot hold up the new watch. It
+// returns false if none was created in time or parent ended.
+func (l *Locker) openWatch(parent context.Context, bound time.Duration) (context.Context, clientv3.WatchChan, bool) {
+	type attempt struct {
+		i   int
+		ctx context.Context
+		wch clientv3.WatchChan
+	}
+	opened := make(chan attempt, watchHedge)
+	cancels := make([]context.CancelFunc, watchHedge)
+	for i := range watchHedge {
+		md := metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(parent),
+			"etcdlock-watch", strconv.FormatUint(watchSeq.Add(1), 10))
+		ctx, cancel := context.WithCancel(md)
+		cancels[i] = cancel
+		go func() {
+			// Watch returns once the server has created the watch, or
+			// at once when ctx ends.
+			opened <- attempt{i, ctx, l.client.Watch(ctx, l.root, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())}
+		}()
+	}
+	endAll := func(except int) {
+		for j, c := range cancels {
+			if j != except {
+				c()
+			}
+		}
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	var win *attempt
+	for range watchHedge {
+		var a attempt
+		select {
+		case a = <-opened:
+		case <-timer.C:
+			endAll(-1)
+			a = <-opened
+		}
+		if win == nil && a.ctx.Err() == nil {
+			win = &a
+			endAll(a.i)
+			continue
+		}
+		cancels[a.i]()
+		for range a.wch {
+		}
+	}
+	if win == nil {
+		return nil, nil, false
+	}
+	// The winner's cancel is parent's: parent ends it.
+	return win.ctx, win.wch, true
+}
+
+// serveWatch dispatches what the watch wch delivers until it ends, or
+// fails to answer within *bound (see above), and returns why: nil if the
+// channel closed, else the watch's error or errWatchStalled. An answered
+// progress request resets *bound to base.
+func (l *Locker) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *backoff, bound *time.Duration, base time.Duration) error {
+	tick := time.NewTicker(*bound / 4)
+	defer tick.Stop()
+	heard := time.Now()
+	asked := heard // the creation is awaited as an answer
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok {
+				return nil
+			}
+			if !asked.IsZero() && resp.IsProgressNotify() {
+				*bound = base
+			}
+			heard, asked = time.Now(), time.Time{}
+			if err := resp.Err(); err != nil {
+				return err
+			}
+			if resp.Created {
+				if err := l.goLive(ctx, resp.Header.Revision, bound, base); err != nil {
+					return err
+				}
+				retry.reset()
+				heard = time.Now()
+				continue
+			}
+			l.mu.Lock()
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					l.deletedLocked(string(ev.Kv.Key), ev.Kv.ModRevision)
+				}
+			}
+			l.mu.Unlock()
+		case now := <-tick.C:
+			switch {
+			case !asked.IsZero():
+				if now.Sub(asked) >= *bound {
+					return errWatchStalled
+				}
+			case now.Sub(heard) >= *bound && l.busy():
+				// The request goes out on the watch's own stream; it
+				// only waits for the stream's sender, bounded all the
+				// same.
+				rctx, cancel := context.WithTimeout(ctx, *bound)
+				err := l.client.RequestProgress(rctx)
+				cancel()
+				if err != nil && ctx.Err() == nil {
+					return errWatchStalled
+				}
+				asked = now
+			}
+		}
+	}
+}
+
+// busy reports whether this process has a call queued or held: whether a
+// silent watch could be keeping one from its turn or its Lost.
+func (l *Locker) busy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.written) > 0
+}
+
+// goLive makes the hub live on a watch created at revision w. The first
 // time, nothing was subscribed; later, it rebuilds the subscriptions that
-// the ended watch served from a listing of the prefix read after w.
-func (l *Locker) started(ctx context.Context, w int64) error {
+// the ended watch served from a listing of the prefix read after w (see
+// list).
+func (l *Locker) goLive(ctx context.Context, w int64, bound *time.Duration, base time.Duration) error {
 	l.mu.Lock()
 	first := !l.hub.started
 	l.mu.Unlock()
@@ -255,13 +437,10 @@ func (l *Locker) started(ctx context.Context, w int64) error {
 	if !first {
 		// Listed while the watch is not read: no deletion is dispatched
 		// before the subscriptions it concerns are rebuilt.
-		lctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-		resp, err := l.client.Get(lctx, l.root, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		cancel()
-		if err != nil {
+		var err error
+		if kvs, err = l.list(ctx, bound, base); err != nil {
 			return err
 		}
-		kvs = resp.Kvs
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -278,48 +457,94 @@ func (l *Locker) started(ctx context.Context, w int64) error {
 	return nil
 }
 
+// list reads the keys under the prefix for goLive: watchHedge reads at
+// once (on as many of the client's connections), the first answer wins.
+// The reads are bounded by *bound, which grows by base after a round
+// that ran out of it; it tries three rounds.
+func (l *Locker) list(ctx context.Context, bound *time.Duration, base time.Duration) ([]*mvccpb.KeyValue, error) {
+	type result struct {
+		resp *clientv3.GetResponse
+		err  error
+	}
+	var err error
+	for range 3 {
+		lctx, cancel := context.WithTimeout(ctx, *bound)
+		got := make(chan result, watchHedge)
+		for range watchHedge {
+			go func() {
+				resp, err := l.client.Get(lctx, l.root, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+				got <- result{resp, err}
+			}()
+		}
+		var kvs []*mvccpb.KeyValue
+		ok := false
+		for range watchHedge {
+			r := <-got
+			if r.err == nil && !ok {
+				kvs, ok = r.resp.Kvs, true
+				cancel() // the other read
+			} else if r.err != nil {
+				err = r.err
+			}
+		}
+		cancel()
+		if ok {
+			return kvs, nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		*bound = min(*bound+base, cleanupTimeout)
+	}
+	return nil, err
+}
+
 // rebuildLocked resubscribes, from a listing of the prefix, every call
 // that was subscribed when the previous watch ended (its own key is
 // watched). Calls that subscribe later read etcd themselves: the hub
 // refuses them until it is live again. l.mu is held.
 func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 	h := &l.hub
-	var subscribed []*Guard
-	for g := range l.live {
-		if g.ownWatched {
-			subscribed = append(subscribed, g)
+	var subscribed []*call
+	for c := range l.written {
+		if c.ownWatched {
+			subscribed = append(subscribed, c)
 		}
-		g.aheadKeys = g.aheadKeys[:0]
-		g.ahead = 0
-		g.ownWatched = false
+		c.aheadKeys = c.aheadKeys[:0]
+		c.weight = 0
+		c.ownWatched = false
 	}
 	clear(h.watched)
 	created := make(map[string]int64, len(kvs))
 	for _, kv := range kvs {
 		created[string(kv.Key)] = kv.CreateRevision
 	}
-	for _, g := range subscribed {
-		if created[g.name] != g.rev {
-			l.loseLocked(g)
+	for _, c := range subscribed {
+		if created[c.name] != c.rev {
+			l.loseLocked(c)
 			continue
 		}
-		h.watched[g.name] = append(h.watched[g.name], g)
-		g.ownWatched = true
-		if g.state != queued {
+		h.watched[c.name] = append(h.watched[c.name], c)
+		c.ownWatched = true
+		if c.state != queued {
 			continue
 		}
-		r := l.rangeOf(g.key)
+		r := l.rangeOf(c.key)
 		for _, kv := range kvs {
-			if kv.CreateRevision < g.rev && strings.HasPrefix(string(kv.Key), r) {
+			if kv.CreateRevision < c.rev && strings.HasPrefix(string(kv.Key), r) {
 				k := string(kv.Key)
-				h.watched[k] = append(h.watched[k], g)
-				g.aheadKeys = append(g.aheadKeys, k)
+				w, _ := c.claim.weigh(k) // a call of another size counts as the whole size
+				if w == 0 {
+					continue
+				}
+				h.watched[k] = append(h.watched[k], c)
+				c.aheadKeys = append(c.aheadKeys, k)
+				c.weight += w
 			}
 		}
-		g.ahead = len(g.aheadKeys)
-		g.complete = true
-		if g.ahead == 0 {
-			g.signal()
+		c.complete = true
+		if c.ready() {
+			c.signal()
 		}
 	}
 }
@@ -331,12 +556,17 @@ func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
 
 func (b *backoff) reset() { b.d = 50 * time.Millisecond }
 
-// wait sleeps for the current delay and doubles it; it reports false if
-// ctx ended first.
-func (b *backoff) wait(ctx context.Context) bool {
-	t := time.NewTimer(b.d)
-	defer t.Stop()
+// next returns the current delay and doubles it.
+func (b *backoff) next() time.Duration {
+	d := b.d
 	b.d = min(2*b.d, time.Second)
+	return d
+}
+
+// wait sleeps for the next delay; it reports false if ctx ended first.
+func (b *backoff) wait(ctx context.Context) bool {
+	t := time.NewTimer(b.next())
+	defer t.Stop()
 	select {
 	case <-t.C:
 		return true

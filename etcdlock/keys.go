@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -21,6 +22,21 @@ import (
 // smallest creation revision is the holder and the others wait in
 // creation-revision order. The value is "host:pid owner", for people
 // looking at the prefix with etcdctl; the Locker never reads it.
+//
+// The last segment also says what the call asks for, so that every
+// process decides a grant from the names of the keys ahead alone (a
+// keys-only read, and the watch's deletions, carry nothing else):
+//
+//	<lease>-<n>              Lock, TryLock, Wait: exclusive
+//	<lease>-<n>-r            RLock, TryRLock: shared
+//	<lease>-<n>-u<w>.<size>  Semaphore.Acquire, TryAcquire: w of size units
+//
+// (w and size in decimal). A call is granted when the calls ahead of it
+// leave room for it (claim.weigh): an exclusive call, when none is left;
+// a shared one, when every call ahead is shared; w units, when the units
+// of every call ahead plus w fit in size. A name this layout does not
+// know counts as exclusive, so a process never grants beside a call it
+// cannot read.
 
 // escapeKey returns k with '%' and '/' percent-encoded.
 func escapeKey(k string) string {
@@ -81,6 +97,23 @@ func UnescapeKey(prefix, name string) (string, bool) {
 	return b.String(), true
 }
 
+// logNameMax is how many bytes of an etcd key a log record shows.
+const logNameMax = 256
+
+// logName returns the etcd key name for a log record: whole, or, if
+// longer than logNameMax, its first bytes and its size (a key too large
+// for etcd must not fill the log), as fairlock's errors render keys.
+func logName(name string) string {
+	if len(name) <= logNameMax {
+		return name
+	}
+	n := logNameMax
+	for n > logNameMax-utf8.UTFMax && !utf8.RuneStart(name[n]) {
+		n--
+	}
+	return name[:n] + "… (" + strconv.Itoa(len(name)) + " bytes)"
+}
+
 // rootOf returns the etcd key prefix of a Locker made with prefix: prefix
 // with exactly one trailing '/'.
 func rootOf(prefix string) string { return strings.TrimRight(prefix, "/") + "/" }
@@ -88,8 +121,9 @@ func rootOf(prefix string) string { return strings.TrimRight(prefix, "/") + "/" 
 // rangeOf returns the etcd key prefix under which key's calls queue.
 func (l *Locker) rangeOf(key string) string { return l.root + escapeKey(key) + "/" }
 
-// newName returns a fresh etcd key for a call on key under lease id.
-func (l *Locker) newName(key string, id clientv3.LeaseID) string {
+// newName returns a fresh etcd key for a call on key under lease id that
+// asks for c.
+func (l *Locker) newName(key string, id clientv3.LeaseID, c claim) string {
 	var b strings.Builder
 	r := l.rangeOf(key)
 	b.Grow(len(r) + 34)
@@ -97,5 +131,76 @@ func (l *Locker) newName(key string, id clientv3.LeaseID) string {
 	b.WriteString(strconv.FormatUint(uint64(id), 16))
 	b.WriteByte('-')
 	b.WriteString(strconv.FormatUint(l.seq.Add(1), 16))
+	switch {
+	case c.size > 0:
+		b.WriteString("-u")
+		b.WriteString(strconv.FormatInt(c.w, 10))
+		b.WriteByte('.')
+		b.WriteString(strconv.FormatInt(c.size, 10))
+	case c.shared:
+		b.WriteString("-r")
+	}
 	return b.String()
+}
+
+// claim is what a call asks for: the zero claim is exclusive (Lock,
+// TryLock, Wait); shared is a reader's; size > 0 is w of a Semaphore's
+// size units.
+type claim struct {
+	shared  bool
+	w, size int64
+}
+
+// claimOf reads the claim from an etcd key name in the layout above; a
+// name it does not know is exclusive.
+func claimOf(name string) claim {
+	last := name[strings.LastIndexByte(name, '/')+1:]
+	_, rest, _ := strings.Cut(last, "-")  // the lease
+	_, mode, ok := strings.Cut(rest, "-") // the counter
+	switch {
+	case !ok:
+		return claim{}
+	case mode == "r":
+		return claim{shared: true}
+	case strings.HasPrefix(mode, "u"):
+		ws, ns, _ := strings.Cut(mode[1:], ".")
+		w, err1 := strconv.ParseInt(ws, 10, 64)
+		n, err2 := strconv.ParseInt(ns, 10, 64)
+		if err1 == nil && err2 == nil && w >= 1 && w <= n {
+			return claim{w: w, size: n}
+		}
+	}
+	return claim{}
+}
+
+// room is how much weight of the calls ahead c can be granted beside
+// (see weigh): none for an exclusive or shared call, size-w for units.
+func (c claim) room() int64 {
+	if c.size > 0 {
+		return c.size - c.w
+	}
+	return 0
+}
+
+// weigh returns how much the call ahead named ahead keeps c waiting: c is
+// granted once the weights of the calls ahead add up to at most c.room().
+// An exclusive call is kept waiting by every call ahead (weight 1); a
+// shared one by every call that is not shared (a reader ahead weighs 0);
+// w units by the units of each call of the same size ahead, and by the
+// whole size for any other call. other is the size of a Semaphore call
+// ahead whose size differs from c's (0 if none): such a call must fail
+// (Semaphore.Acquire), never be granted by a count of mixed units.
+func (c claim) weigh(ahead string) (weight, other int64) {
+	a := claimOf(ahead)
+	switch {
+	case c.size > 0 && a.size == c.size:
+		return a.w, 0
+	case c.size > 0 && a.size > 0:
+		return c.size, a.size
+	case c.size > 0:
+		return c.size, 0
+	case c.shared && a.shared:
+		return 0, 0
+	}
+	return 1, 0
 }

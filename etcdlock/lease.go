@@ -5,19 +5,31 @@ import (
 	"errors"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Lease renewal. A Locker has one lease at a time; every key it writes is
 // attached to it. The lease loop renews it with one KeepAliveOnce every
-// third of its TTL (retrying every tenth of the TTL after a failure) and
-// keeps the lease's deadline: the send time of the last successful renewal
-// plus the TTL the server granted, less a tenth. The server cannot have
-// expired the lease before that instant, as long as the two clocks run at
-// rates within 10% of each other; the renewal's send time, not its reply's
-// arrival, starts the count.
+// third of its TTL and keeps the lease's deadline: the send time of the
+// last successful renewal plus the TTL the server granted, less a tenth.
+// The server cannot have expired the lease before that instant, as long
+// as the two clocks run at rates within 10% of each other; the renewal's
+// send time, not its reply's arrival, starts the count.
+//
+// Each renewal attempt has its own bound, renewBound(TTL), a sixth of the
+// TTL: an attempt whose connection leads to a member that no longer
+// answers (a host gone from the network without resetting its
+// connections: nothing fails, nothing arrives) is given up after that
+// bound and retried at once, with two renewals sent together. The client
+// balances its requests round-robin over its connections (the gRPC
+// round_robin policy clientv3 sets), so the retries go out on other
+// connections where the client has them, and a lease is abandoned only
+// when no attempt reached a member of a quorum from a third of the TTL to
+// its deadline: several rounds, since that window is 0.57 TTL long. After
+// a fast failure (an error, not the bound) the next attempt waits a tenth
+// of the TTL.
 //
 // The lease is abandoned when the server says it is gone (revoked or
 // expired: ErrLeaseNotFound), when a write with it fails that way, or when
@@ -35,6 +47,19 @@ type lease struct {
 	sent time.Time     // when the Grant was sent: the first deadline's start
 	kill chan struct{} // closed by leaseFailed: abandon the lease now
 	dead bool          // guarded by Locker.mu: kill is closed
+
+	// abandoned is guarded by Locker.mu: the Locker gave the lease up (a
+	// write found it gone, or its deadline passed, or the server said it
+	// expired) and lost its grants; an Unlock that runs meanwhile and
+	// cannot delete its key reports ErrLost.
+	abandoned bool
+}
+
+// renewBound is how long one renewal attempt (or one Grant attempt, at
+// first) may take before it is given up and retried, for a lease of
+// TTL ttl: a sixth of it, and at least 250 ms.
+func renewBound(ttl time.Duration) time.Duration {
+	return max(ttl/6, 250*time.Millisecond)
 }
 
 // grant asks the server for a new lease.
@@ -53,7 +78,7 @@ func (l *Locker) grant(ctx context.Context) (*lease, error) {
 func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
 	for {
 		l.mu.Lock()
-		if l.isClosed {
+		if l.closing.Err() != nil {
 			l.mu.Unlock()
 			return nil, errClosed
 		}
@@ -66,7 +91,7 @@ func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
 		case <-ch:
 		case <-ctx.Done():
 			return nil, ctxerr.Of(ctx)
-		case <-l.closing:
+		case <-l.closing.Done():
 			return nil, errClosed
 		}
 	}
@@ -80,6 +105,7 @@ func (l *Locker) leaseFailed(ls *lease) {
 		ls.dead = true
 		close(ls.kill)
 	}
+	ls.abandoned = true
 	if l.lease == ls {
 		l.lease = nil
 		l.leaseCh = make(chan struct{})
@@ -102,13 +128,14 @@ func (l *Locker) leaseLoop() {
 		l.logger.Warn("etcdlock: lease lost; its grants are lost, its queued calls queue again under a new lease",
 			"locker", l.name, "lease", int64(ls.id), "reason", why)
 		l.mu.Lock()
+		ls.abandoned = true
 		if l.lease == ls {
 			l.lease = nil
 			l.leaseCh = make(chan struct{})
 		}
-		for g := range l.live {
-			if g.lease == ls {
-				l.loseLocked(g)
+		for c := range l.written {
+			if c.lease == ls {
+				l.loseLocked(c)
 			}
 		}
 		l.mu.Unlock()
@@ -119,8 +146,13 @@ func (l *Locker) leaseLoop() {
 			l.revokeAbandoned(old)
 		}()
 		retry := newBackoff()
+		// Each Grant attempt is bounded, from twice renewBound doubling
+		// to cleanupTimeout: one that went to a member that no longer
+		// answers is retried, on the client's next connection, soon; a
+		// slow quorum gets longer each time.
+		bound := 2 * renewBound(l.ttl)
 		for {
-			ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
+			ctx, cancel := context.WithTimeout(l.bg, bound)
 			next, err := l.grant(ctx)
 			cancel()
 			if err == nil {
@@ -131,6 +163,7 @@ func (l *Locker) leaseLoop() {
 				return
 			}
 			l.logger.Warn("etcdlock: lease grant failed; retrying", "locker", l.name, "error", err)
+			bound = min(2*bound, cleanupTimeout)
 			if !retry.wait(l.bg) {
 				return
 			}
@@ -144,10 +177,13 @@ func (l *Locker) leaseLoop() {
 
 // keepAlive renews ls until it is lost, and says why; or until l.bg ends.
 // It wakes for the next renewal or for the deadline, whichever is first,
-// so that the lease is given up at its deadline, not a retry later.
+// so that the lease is given up at its deadline, not a retry later. Each
+// attempt is bounded by renewBound and by the deadline.
 func (l *Locker) keepAlive(ls *lease) string {
 	deadline := ls.sent.Add(ls.ttl - ls.ttl/10)
 	next := ls.sent.Add(ls.ttl / 3)
+	bound := renewBound(ls.ttl)
+	hedge := 1 // renewals sent at once: two after one hung
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -166,20 +202,71 @@ func (l *Locker) keepAlive(ls *lease) string {
 		if now.Before(next) {
 			continue
 		}
-		ctx, cancel := context.WithDeadline(l.bg, deadline)
-		resp, err := l.client.KeepAliveOnce(ctx, ls.id)
+		end := now.Add(bound)
+		if deadline.Before(end) {
+			end = deadline
+		}
+		ctx, cancel := context.WithDeadline(l.bg, end)
+		resp, err := l.renew(ctx, ls.id, hedge)
 		cancel()
 		switch {
 		case err == nil && resp.TTL > 0:
 			ttl := time.Duration(resp.TTL) * time.Second
 			deadline = now.Add(ttl - ttl/10)
 			next = now.Add(ttl / 3)
+			hedge = 1
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			return "expired or revoked"
+		case time.Since(now) >= bound:
+			// The attempt hung (a member that does not answer): retry
+			// at once, with two renewals that go out on two of the
+			// client's connections.
+			next = time.Now()
+			hedge = 2
 		default:
 			next = time.Now().Add(ls.ttl / 10)
 		}
 	}
+}
+
+// renew sends n renewals of id at once (each on the connection the
+// client's balancer picks next) and returns the first answer that
+// settles it: a renewal, or the server's word that the lease is gone;
+// else, once all have failed, the last error. It cancels and waits for
+// the others.
+func (l *Locker) renew(ctx context.Context, id clientv3.LeaseID, n int) (*clientv3.LeaseKeepAliveResponse, error) {
+	if n <= 1 {
+		return l.client.KeepAliveOnce(ctx, id)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		resp *clientv3.LeaseKeepAliveResponse
+		err  error
+	}
+	got := make(chan result, n)
+	for range n {
+		go func() {
+			resp, err := l.client.KeepAliveOnce(ctx, id)
+			got <- result{resp, err}
+		}()
+	}
+	var settled *result
+	var last error
+	for range n {
+		r := <-got
+		switch {
+		case settled == nil && (r.err == nil || errors.Is(r.err, rpctypes.ErrLeaseNotFound)):
+			settled = &r
+			cancel()
+		case r.err != nil:
+			last = r.err
+		}
+	}
+	if settled != nil {
+		return settled.resp, settled.err
+	}
+	return nil, last
 }
 
 // revokeAbandoned revokes a lease the Locker gave up, so that the keys
@@ -218,197 +305,4 @@ func (l *Locker) revokeWith(ctx context.Context, ls *lease) error {
 		return nil
 	}
 	return err
-}
-
-// The janitor. A key that must go but could not be deleted at once (etcd
-// unreachable, or a write whose outcome is unknown) is recorded and its
-// deletion retried every second until it succeeds, or, for a write whose
-// outcome is unknown, until a grace period passes after which the write
-// can no longer be applied. Close makes a last attempt and then revokes
-// the lease, which deletes whatever is left; if etcd is unreachable even
-// then, the lease expires within its TTL since nobody renews it.
-
-// cleanup is a key the janitor deletes.
-type cleanup struct {
-	rev   int64     // delete only if its creation revision is rev; 0: whatever it is
-	until time.Time // keep deleting until then (a write that may still land); zero: once
-}
-
-// unknownGrace is how long after a write with an unknown outcome the
-// janitor keeps deleting its key, in case the write is applied late.
-const unknownGrace = time.Minute
-
-// janitorAdd records that name must be deleted (if its creation revision
-// is rev, or whatever it is for rev 0) and wakes the janitor.
-func (l *Locker) janitorAdd(name string, rev int64) {
-	c := cleanup{rev: rev}
-	if rev == 0 {
-		c.until = time.Now().Add(unknownGrace)
-	}
-	l.mu.Lock()
-	l.janitor[name] = c
-	l.mu.Unlock()
-	select {
-	case l.kick <- struct{}{}:
-	default:
-	}
-}
-
-// janitorLoop retries recorded deletions every second while there are
-// some, until l.bg ends. It runs in its own goroutine.
-func (l *Locker) janitorLoop() {
-	defer l.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.kick:
-		case <-t.C:
-		case <-l.bg.Done():
-			return
-		}
-		l.sweep(l.bg)
-	}
-}
-
-// sweep tries every recorded deletion once, until ctx ends: Close's
-// stopping of the janitor ends a sweep in progress, and its own last
-// sweep shares one bound with the lease's revoke.
-func (l *Locker) sweep(ctx context.Context) {
-	l.mu.Lock()
-	todo := make(map[string]cleanup, len(l.janitor))
-	for k, c := range l.janitor {
-		todo[k] = c
-	}
-	l.mu.Unlock()
-	for name, c := range todo {
-		if ctx.Err() != nil {
-			return
-		}
-		if err := l.deleteKey(ctx, name, c.rev); err != nil {
-			continue
-		}
-		if c.until.IsZero() || time.Now().After(c.until) {
-			l.mu.Lock()
-			if l.janitor[name] == c {
-				delete(l.janitor, name)
-			}
-			l.mu.Unlock()
-		}
-	}
-}
-
-// deleteKey deletes name if its creation revision is rev (any, for rev
-// 0), bounded by ctx and by cleanupTimeout. A key that is already gone is
-// not an error.
-func (l *Locker) deleteKey(ctx context.Context, name string, rev int64) error {
-	dctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
-	defer cancel()
-	cmp := clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
-	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(name), ">", 0)
-	}
-	_, err := l.client.Txn(dctx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
-	return err
-}
-
-// remove deletes a call's key now, on the Locker's background context,
-// not the call's (a cancelled call's context must not stop its cleanup:
-// the failure mode of etcd-io/etcd#18082), and hands it to the janitor if
-// that fails. Close ends the background context once calls have ended;
-// its revoke and last sweep then take over.
-func (l *Locker) remove(name string, rev int64) {
-	if err := l.deleteKey(l.bg, name, rev); err != nil {
-		if l.bg.Err() == nil {
-			l.logger.Warn("etcdlock: could not delete a key; retrying in the background",
-				"locker", l.name, "key", name, "error", err)
-		}
-		l.janitorAdd(name, rev)
-	}
-}
-
-// txnResult is the outcome of a transaction.
-type txnResult struct {
-	resp *clientv3.TxnResponse
-	err  error
-}
-
-// pendingTxn is an enqueueing transaction in flight.
-type pendingTxn struct {
-	done      chan txnResult // cap 1
-	abandoned bool           // guarded by Locker.mu: its call returned
-}
-
-// commit runs txn, which may write the etcd key name, on a context that
-// ctx's cancellation does not reach, so that its outcome is always known.
-// If ctx ends (or the Locker closes) first, commit returns the context's
-// error (or ErrClosed) at once and the transaction finishes in the
-// background, given at most cleanupTimeout more; wrote then says whether
-// it wrote name, and if so the key is deleted. A transaction that fails
-// leaves an unknown outcome: the janitor deletes name if it shows up.
-// Close waits for background transactions.
-func (l *Locker) commit(ctx context.Context, name string, txn func(context.Context) (*clientv3.TxnResponse, error), wrote func(*clientv3.TxnResponse) bool) (*clientv3.TxnResponse, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, ctxerr.Of(ctx)
-	}
-	p := &pendingTxn{done: make(chan txnResult, 1)}
-	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l.mu.Lock()
-	l.pending++
-	l.mu.Unlock()
-	go func() {
-		resp, err := txn(tctx)
-		cancel()
-		r := txnResult{resp, err}
-		l.mu.Lock()
-		abandoned := p.abandoned
-		if !abandoned {
-			p.done <- r
-		}
-		l.mu.Unlock()
-		if abandoned {
-			l.undo(name, r, wrote)
-		}
-		l.mu.Lock()
-		l.pending--
-		l.signalIdle()
-		l.mu.Unlock()
-	}()
-	var r txnResult
-	var stop error
-	select {
-	case r = <-p.done:
-	case <-ctx.Done():
-		stop = ctxerr.Of(ctx)
-	case <-l.closing:
-		stop = errClosed
-	}
-	if stop != nil {
-		l.mu.Lock()
-		select {
-		case r = <-p.done:
-			l.mu.Unlock()
-			l.undo(name, r, wrote)
-		default:
-			p.abandoned = true
-			l.mu.Unlock()
-			time.AfterFunc(cleanupTimeout, cancel)
-		}
-		return nil, stop
-	}
-	if r.err != nil && !errors.Is(r.err, rpctypes.ErrLeaseNotFound) {
-		// Unknown outcome: the write may have been applied.
-		l.janitorAdd(name, 0)
-	}
-	return r.resp, r.err
-}
-
-// undo deletes what an abandoned transaction wrote.
-func (l *Locker) undo(name string, r txnResult, wrote func(*clientv3.TxnResponse) bool) {
-	switch {
-	case r.err == nil && wrote(r.resp):
-		l.remove(name, r.resp.Header.Revision)
-	case r.err != nil && !errors.Is(r.err, rpctypes.ErrLeaseNotFound):
-		l.janitorAdd(name, 0)
-	}
 }

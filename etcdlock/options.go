@@ -15,7 +15,7 @@ import (
 // and redsync (8 s expiry); etcd's concurrency.Session defaults to 60 s.
 const DefaultTTL = 10 * time.Second
 
-// An Option configures a Locker in New.
+// An Option configures a Locker in New, or a Semaphore in NewSemaphore.
 type Option func(*config)
 
 // config is every setting of a Locker; defaults are set in one place,
@@ -36,7 +36,10 @@ func defaultConfig() config {
 // it). etcd counts lease TTLs in whole seconds: d is rounded up to a whole
 // second, and at least 1 s; the server may raise it to its own minimum
 // (one and a half election timeouts). The Locker renews its lease every
-// third of the TTL while it is open. A process that stops renewing loses
+// third of the TTL while it is open; each renewal attempt is given a
+// sixth of the TTL (at least 250 ms) and then retried at once, which the
+// client sends on its next connection, so that one member that stops
+// answering costs no lease while the others answer. A process that stops renewing loses
 // its grants when the TTL runs out on the server; a live process that
 // cannot reach a quorum for about a TTL sees its grants' Lost channels
 // close (see Guard.Lost). d <= 0 means DefaultTTL.
@@ -57,18 +60,20 @@ func WithTTL(d time.Duration) Option {
 func WithName(name string) Option { return func(c *config) { c.name = name } }
 
 // WithObserver sets the hook that receives the Locker's metrics, as for a
-// fairlock.Locker (package otelmetrics implements it): every Lock and
-// TryLock reports its result and how long it waited, every Unlock of a
+// fairlock.Locker (package otelmetrics implements it): every Lock,
+// TryLock, RLock, TryRLock, Acquire and TryAcquire reports its result and
+// how long it waited, every Unlock of a
 // held grant how long it was held, and the stats callback counts this
 // process's held keys and queued calls. Wait is not reported: it acquires
 // nothing. A nil Observer means none.
 func WithObserver(o fairlock.Observer) Option { return func(c *config) { c.observer = o } }
 
 // WithDebug registers the Locker in the process-wide debug registry while
-// it is open, so package debug lists it (Kind "etcdlock.Locker") like any
-// fairlock Locker: for each key this process holds or waits for, its
-// holders with their fencing tokens and ages, and its queued calls in
-// queue order. Only this process's calls are shown; the keys of other
+// it is open, so package debug lists it (Kind "etcdlock.Locker", or
+// "etcdlock.Semaphore" with its units) like any fairlock Locker: for each
+// key this process holds or waits for, its holders with their mode
+// (exclusive, shared, or their units), fencing tokens and ages, and its
+// queued calls in queue order with what each asks for. Only this process's calls are shown; the keys of other
 // processes are in etcd under the prefix (etcdctl get --prefix shows
 // them, each with its "host:pid owner" value). It costs nothing per call
 // beyond the bookkeeping every Locker does, and nothing in etcd.

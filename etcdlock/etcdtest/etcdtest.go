@@ -1,7 +1,9 @@
 // Package etcdtest starts a real etcd server inside the test process
 // (go.etcd.io/etcd/server/v3/embed), for tests of code that uses etcd:
 // package etcdlock's own tests, and yours. No mocks: the server is the one
-// etcd ships, single-node, on the loopback interface.
+// etcd ships, single-node, on the loopback interface; or, with
+// StartCluster, a cluster of several members, one of which a test can
+// stop, restart, cut off or blackhole from its clients (cluster.go).
 //
 // # Usage
 //
@@ -27,7 +29,6 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -64,17 +65,24 @@ func StartServer(tb testing.TB) *Server {
 	return s
 }
 
-// Server is one embedded single-node etcd server. Its methods are safe for
-// concurrent use.
+// Server is one embedded etcd server: a single-node one (StartServer), or
+// one member of a Cluster. Its methods are safe for concurrent use.
 type Server struct {
 	dir       string
+	name      string  // the member's name in its cluster
+	cluster   string  // the initial cluster: name=peerURL,...
 	clientURL url.URL // the relay's: what clients dial
 	innerURL  url.URL // the server's own client listener
-	peerURL   url.URL
+	peerURL   url.URL // what peers dial: a relay for a cluster's member
+	peerInner url.URL // a cluster member's own peer listener; empty: peerURL
+	tickMs    uint    // raft heartbeat
+	electMs   uint    // raft election timeout
+	faults    *faults
 
-	mu    sync.Mutex // guards e and relay
-	e     *embed.Etcd
-	relay *relay
+	mu        sync.Mutex // guards e, relay and peerRelay
+	e         *embed.Etcd
+	relay     *relay
+	peerRelay *relay // a cluster member's: cut on Stop, see NewCluster
 }
 
 // NewServer starts a server whose data lives in dir (created if missing),
@@ -86,12 +94,9 @@ func NewServer(dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{
-		dir:       dir,
-		clientURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
-		innerURL:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
-		peerURL:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2])},
-	}
+	s := newMember(dir, "etcdtest", ports)
+	s.cluster = s.name + "=" + s.peerURL.String()
+	s.tickMs, s.electMs = 10, 100
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -126,19 +131,24 @@ func NewClient(endpoints []string) (*clientv3.Client, error) {
 
 // Stop stops the server and keeps its data directory and ports, for a
 // later Restart. It first cuts every client connection, so that clients
-// see the server gone at once, as after a crash; they keep retrying
+// see the server gone at once, and stops a cluster's member without a
+// word to its peers (no leadership transfer), as after a crash; they keep retrying
 // (gRPC's reconnection backoff: about 1 s, then 1.6 s, 2.6 s…). Stopping a
 // stopped server does nothing.
 func (s *Server) Stop() {
 	s.mu.Lock()
-	e, r := s.e, s.relay
-	s.e, s.relay = nil, nil
+	e, r, pr := s.e, s.relay, s.peerRelay
+	s.e, s.relay, s.peerRelay = nil, nil, nil
 	s.mu.Unlock()
 	if r != nil {
 		r.close()
 	}
 	if e != nil {
+		e.Server.HardStop()
 		e.Close()
+	}
+	if pr != nil {
+		pr.close()
 	}
 }
 
@@ -158,61 +168,96 @@ func (s *Server) Restart() error {
 // Close stops the server. It is Stop under the name tb.Cleanup expects.
 func (s *Server) Close() { s.Stop() }
 
-// start starts the embedded server on s's directory and ports.
+// newMember returns the unstarted member name whose data lives in dir,
+// on ports: the relay's, the server's client listener, the peer listener.
+func newMember(dir, name string, ports []int) *Server {
+	return &Server{
+		dir:       dir,
+		name:      name,
+		clientURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
+		innerURL:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
+		peerURL:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2])},
+		faults:    &faults{},
+	}
+}
+
+// start starts the embedded server on s's directory and ports. A member
+// of a cluster is ready once the cluster has a leader.
 func (s *Server) start() error {
 	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
+	cfg.Name = s.name
 	cfg.Dir = s.dir
 	cfg.ListenClientUrls = []url.URL{s.innerURL}
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.TickMs = 10
-	cfg.ElectionMs = 100
+	var pr *relay
+	if s.peerInner.Host != "" {
+		var err error
+		if pr, err = newRelay(s.peerURL.Host, s.peerInner.Host, &faults{}); err != nil {
+			return err
+		}
+		cfg.ListenPeerUrls = []url.URL{s.peerInner}
+	}
+	closePeer := func() {
+		if pr != nil {
+			pr.close()
+		}
+	}
+	cfg.InitialCluster = s.cluster
+	cfg.TickMs = s.tickMs
+	cfg.ElectionMs = s.electMs
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
+		closePeer()
 		return fmt.Errorf("etcdtest: start: %w", err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
 		e.Close()
+		closePeer()
 		return fmt.Errorf("etcdtest: start: %w", err)
 	case <-time.After(startTimeout):
 		e.Close()
+		closePeer()
 		return fmt.Errorf("etcdtest: server not ready after %v", startTimeout)
 	}
-	r, err := newRelay(s.clientURL.Host, s.innerURL.Host)
+	r, err := newRelay(s.clientURL.Host, s.innerURL.Host, s.faults)
 	if err != nil {
 		e.Close()
+		closePeer()
 		return err
 	}
 	s.mu.Lock()
-	s.e, s.relay = e, r
+	s.e, s.relay, s.peerRelay = e, r, pr
 	s.mu.Unlock()
 	return nil
 }
 
 // relay forwards TCP connections from its listener to the server, and
-// cuts them all on close.
+// cuts them all on close. Its faults (see Server.Stall and Server.Cut)
+// belong to the Server and outlive a restart.
 type relay struct {
 	ln     net.Listener
 	target string
+	faults *faults
 	wg     sync.WaitGroup // the accept loop and two copiers per connection
+	done   chan struct{}  // closed by close: wakes stalled copiers
 
 	mu     sync.Mutex // guards conns and closed
 	conns  map[net.Conn]struct{}
 	closed bool
 }
 
-func newRelay(addr, target string) (*relay, error) {
+func newRelay(addr, target string, f *faults) (*relay, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: relay: %w", err)
 	}
-	r := &relay{ln: ln, target: target, conns: make(map[net.Conn]struct{})}
+	r := &relay{ln: ln, target: target, faults: f, done: make(chan struct{}), conns: make(map[net.Conn]struct{})}
+	f.attach(r)
 	r.wg.Add(1)
 	go r.accept()
 	return r, nil
@@ -225,6 +270,10 @@ func (r *relay) accept() {
 		if err != nil {
 			return
 		}
+		if r.faults.isCut() {
+			_ = c.Close() // refused, as by a host that resets connections
+			continue
+		}
 		s, err := net.Dial("tcp", r.target)
 		if err != nil {
 			_ = c.Close()
@@ -233,6 +282,7 @@ func (r *relay) accept() {
 		if !r.track(c, s) {
 			return
 		}
+		r.faults.accepted.Add(1)
 		r.wg.Add(2)
 		go r.pipe(c, s)
 		go r.pipe(s, c)
@@ -257,9 +307,25 @@ func (r *relay) track(cs ...net.Conn) bool {
 }
 
 // pipe copies from src to dst until either fails, then closes both.
+// While the relay is stalled it holds what it read: the connection stays
+// open and nothing moves.
 func (r *relay) pipe(dst, src net.Conn) {
 	defer r.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !r.faults.pass(r.done) {
+				break
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	r.mu.Lock()
@@ -268,15 +334,26 @@ func (r *relay) pipe(dst, src net.Conn) {
 	r.mu.Unlock()
 }
 
+// cut closes every relayed connection, and keeps the listener.
+func (r *relay) cut() {
+	r.mu.Lock()
+	for c := range r.conns {
+		_ = c.Close()
+	}
+	r.mu.Unlock()
+}
+
 // close stops accepting and cuts every relayed connection.
 func (r *relay) close() {
 	_ = r.ln.Close()
 	r.mu.Lock()
 	r.closed = true
+	close(r.done)
 	for c := range r.conns {
 		_ = c.Close()
 	}
 	r.mu.Unlock()
+	r.faults.detach(r)
 	r.wg.Wait()
 }
 

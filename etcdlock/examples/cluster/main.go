@@ -12,7 +12,8 @@
 //     waiter took to be granted (the lease TTL, plus the server's expiry
 //     scan), and that a write fenced with the dead grant is refused.
 //
-// Run it from the etcdlock module:
+// Run it from the etcdlock folder (a module of its own, etcdlock/examples,
+// in the workspace):
 //
 //	go run ./examples/cluster
 //
@@ -39,6 +40,7 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -260,7 +262,7 @@ func killHolder(client *clientv3.Client) (bool, error) {
 	}
 	defer l.Close(ctx)
 	type grant struct {
-		g   *etcdlock.Guard
+		g   keylock.Lease
 		at  time.Time
 		err error
 	}
@@ -404,7 +406,9 @@ func runWorker(role string) error {
 				}
 				wait := time.Since(start)
 				logKey := fmt.Sprintf("%slog/%s/%020d", root(), key, g.Token())
-				tr, err := client.Txn(ctx).If(g.IsOwner()).
+				// Lock returns a keylock.Lease; behind it is a
+				// *etcdlock.Guard, whose IsOwner fences the write.
+				tr, err := client.Txn(ctx).If(g.(*etcdlock.Guard).IsOwner()).
 					Then(clientv3.OpPut(logKey, strconv.FormatUint(g.Token(), 10))).Commit()
 				// A refused write or an ErrLost from Unlock is a grant
 				// lost on an overloaded machine (its lease not renewed in

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/etcdlock"
+	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
 	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/registry"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -36,7 +38,7 @@ func TestLockUnlock(t *testing.T) {
 	if len(keys) != 1 || !strings.HasPrefix(keys[0], "/t/k/") {
 		t.Fatalf("keys under the prefix: %q", keys)
 	}
-	resp, err := c.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/data/k", "1")).Commit()
+	resp, err := c.Txn(ctx).If(isOwner(g)).Then(clientv3.OpPut("/data/k", "1")).Commit()
 	if err != nil || !resp.Succeeded {
 		t.Fatalf("fenced write while held: %v, %v", resp, err)
 	}
@@ -164,7 +166,7 @@ func TestTryLockNeverOvertakes(t *testing.T) {
 	if _, err := other.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock of a held key: %v", err)
 	}
-	granted := make(chan *etcdlock.Guard)
+	granted := make(chan keylock.Lease)
 	go func() {
 		w, err := other.Lock(ctx, "k")
 		if err != nil {
@@ -215,7 +217,7 @@ func TestReentrant(t *testing.T) {
 		"Lock":     func() error { _, err := l.Lock(ctx, "k"); return err },
 		"TryLock":  func() error { _, err := l.TryLock(ctx, "k"); return err },
 		"Wait":     func() error { return l.Wait(ctx, "k") },
-		"LockMany": func() error { _, err := etcdlock.LockMany(ctx, l, "j", "k"); return err },
+		"LockMany": func() error { _, err := keylock.LockMany(ctx, l, "j", "k"); return err },
 	} {
 		if err := call(); !errors.Is(err, fairlock.ErrReentrant) {
 			t.Errorf("%s by the holder: %v, want ErrReentrant", name, err)
@@ -273,11 +275,11 @@ func TestStaleUnlock(t *testing.T) {
 	if err := g1.Unlock(ctx); err != nil {
 		t.Fatalf("stale Unlock: %v", err)
 	}
-	resp, err := c.Txn(ctx).If(g2.IsOwner()).Commit()
+	resp, err := c.Txn(ctx).If(isOwner(g2)).Commit()
 	if err != nil || !resp.Succeeded {
 		t.Fatalf("the new grant is gone after a stale Unlock: %v %v", resp, err)
 	}
-	if resp, _ := c.Txn(ctx).If(g1.IsOwner()).Commit(); resp.Succeeded {
+	if resp, _ := c.Txn(ctx).If(isOwner(g1)).Commit(); resp.Succeeded {
 		t.Fatal("the old grant's IsOwner holds")
 	}
 	select {
@@ -332,7 +334,7 @@ func TestKeyEscaping(t *testing.T) {
 	l := newLocker(t, c, "/esc/")
 	ctx := context.Background()
 	keys := []string{"a", "a/b", "a%2Fb", "a/", "", "%", "/"}
-	var gs []*etcdlock.Guard
+	var gs []keylock.Lease
 	for _, k := range keys {
 		g, err := l.TryLock(ctx, k)
 		if err != nil {
@@ -558,7 +560,7 @@ func TestRevokedLease(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed 5 s after the revoke")
 	}
-	if tr, err := c.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/data", "x")).Commit(); err != nil || tr.Succeeded {
+	if tr, err := c.Txn(ctx).If(isOwner(g)).Then(clientv3.OpPut("/data", "x")).Commit(); err != nil || tr.Succeeded {
 		t.Fatalf("fenced write with a revoked grant: %v %v", tr, err)
 	}
 	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
@@ -580,17 +582,18 @@ func TestRevokedLease(t *testing.T) {
 	}
 }
 
-// TestLockMany locks sorted, all or nothing.
+// TestLockMany: keylock.LockMany over etcdlock (which has no LockMany of
+// its own) locks sorted, all or nothing, across Lockers.
 func TestLockMany(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/many")
 	ctx := context.Background()
-	m, err := etcdlock.LockMany(ctx, l, "c", "a", "b", "a")
+	m, err := keylock.LockMany(ctx, l, "c", "a", "b", "a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
-	for _, g := range m.Guards() {
+	for _, g := range m {
 		got = append(got, g.Key())
 	}
 	if diff := cmp.Diff([]string{"a", "b", "c"}, got); diff != "" {
@@ -601,7 +604,7 @@ func TestLockMany(t *testing.T) {
 	other := owner.NewContext(ctx)
 	tctx, cancel := context.WithTimeout(other, 100*time.Millisecond)
 	defer cancel()
-	if _, err := etcdlock.LockMany(tctx, l, "d", "c", "b"); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := keylock.LockMany(tctx, l, "d", "c", "b"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("LockMany over held keys: %v", err)
 	}
 	if err := m.Unlock(ctx); err != nil {
@@ -619,7 +622,7 @@ func TestLockMany(t *testing.T) {
 				keys = []string{"z", "y", "x"}
 			}
 			for range 5 {
-				m, err := etcdlock.LockMany(owner.NewContext(ctx), l, keys...)
+				m, err := keylock.LockMany(owner.NewContext(ctx), l, keys...)
 				if err != nil {
 					t.Error(err)
 					return
@@ -631,7 +634,7 @@ func TestLockMany(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if _, err := etcdlock.LockMany(ctx, l); err != nil {
+	if _, err := keylock.LockMany(ctx, l); err != nil {
 		t.Fatalf("LockMany of nothing: %v", err)
 	}
 }
@@ -836,7 +839,7 @@ func TestWatchRestart(t *testing.T) {
 		}()
 		waitKeys(t, c, "/rewatch/k/", i+2, 5*time.Second)
 	}
-	resume := etcdlock.PauseWatch(l)
+	resume := testhook.PauseWatch(l)
 	if err := g1.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}

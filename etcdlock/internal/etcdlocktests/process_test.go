@@ -16,6 +16,7 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -50,7 +51,7 @@ func runWorker(role string) int {
 		m, _ := strconv.Atoi(os.Getenv("ETCDLOCK_TEST_M"))
 		err = countWorker(ctx, client, l, key, g, m)
 	case "hold":
-		var g *etcdlock.Guard
+		var g keylock.Lease
 		if g, err = l.Lock(ctx, key); err == nil {
 			fmt.Println("held", g.Token())
 			select {} // until killed
@@ -81,7 +82,7 @@ func fifoWorker(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker
 		old = string(resp.Kvs[0].Value)
 	}
 	entry := fmt.Sprintf("%s:%d ", id, g.Token())
-	tr, err := client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut("/log/"+key, old+entry)).Commit()
+	tr, err := client.Txn(ctx).If(isOwner(g)).Then(clientv3.OpPut("/log/"+key, old+entry)).Commit()
 	if err != nil {
 		return err
 	}
@@ -153,7 +154,7 @@ func countLoop(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker,
 		if len(got.Kvs) > 0 {
 			n, _ = strconv.Atoi(string(got.Kvs[0].Value))
 		}
-		tr, err = client.Txn(ctx).If(g.IsOwner()).
+		tr, err = client.Txn(ctx).If(isOwner(g)).
 			Then(clientv3.OpPut(counter, strconv.Itoa(n+1)), clientv3.OpDelete(occ)).Commit()
 		if err != nil {
 			return err
@@ -174,7 +175,7 @@ func countLoop(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker,
 
 // lostGrant reports whether g's Lost closes within 5 s, and if so says so
 // on stdout and releases g.
-func lostGrant(g *etcdlock.Guard) bool {
+func lostGrant(g keylock.Lease) bool {
 	select {
 	case <-g.Lost():
 		fmt.Println("lost: grant", g.Token(), "lost its lease")
@@ -358,7 +359,7 @@ func TestProcessKilled(t *testing.T) {
 	}
 	l := newLocker(t, c, "/kill")
 	type grant struct {
-		g  *etcdlock.Guard
+		g  keylock.Lease
 		at time.Time
 	}
 	granted := make(chan grant, 1)
@@ -415,7 +416,7 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var gb *etcdlock.Guard
+	var gb keylock.Lease
 	bDone := make(chan error, 1)
 	go func() {
 		g, err := lb.Lock(ctx, "k")
@@ -441,7 +442,7 @@ func TestServerRestart(t *testing.T) {
 		b := gb
 		mu.Unlock()
 		if b != nil {
-			tr, err := ca.Txn(ctx).If(ga.IsOwner(), b.IsOwner()).Commit()
+			tr, err := ca.Txn(ctx).If(isOwner(ga), isOwner(b)).Commit()
 			if err == nil && tr.Succeeded {
 				t.Fatal("two current grants")
 			}
@@ -464,7 +465,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	t.Logf("after the restart: holder lost its grant: %v", aLost)
 	if !aLost {
-		tr, err := ca.Txn(ctx).If(ga.IsOwner()).Commit()
+		tr, err := ca.Txn(ctx).If(isOwner(ga)).Commit()
 		if err != nil || !tr.Succeeded {
 			t.Fatalf("a's Lost is open but its grant is not current: %v %v", tr, err)
 		}
@@ -476,7 +477,7 @@ func TestServerRestart(t *testing.T) {
 	if err := <-bDone; err != nil {
 		t.Fatal(err)
 	}
-	tr, err := cb.Txn(ctx).If(gb.IsOwner()).Then(clientv3.OpPut("/data", "b")).Commit()
+	tr, err := cb.Txn(ctx).If(isOwner(gb)).Then(clientv3.OpPut("/data", "b")).Commit()
 	if err != nil || !tr.Succeeded {
 		t.Fatalf("b's fenced write: %v %v", tr, err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -86,3 +87,7 @@ func startClient(t testing.TB) *clientv3.Client {
 	t.Helper()
 	return etcdtest.Start(t)
 }
+
+// isOwner is the IsOwner comparison of a grant: every Lease an etcdlock
+// Locker or Semaphore returns is a *etcdlock.Guard.
+func isOwner(l keylock.Lease) clientv3.Cmp { return l.(*etcdlock.Guard).IsOwner() }
