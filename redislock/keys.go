@@ -1,0 +1,73 @@
+package redislock
+
+import "strings"
+
+// The key layout. A Locker (or Semaphore) with prefix P keeps, for a lock
+// key k, three kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
+// that they share one hash slot (one script may touch them all, on a
+// Redis Cluster too) while different lock keys spread over the slots:
+//
+//	{E(P)/E(k)}q       the queue: a sorted set, one entry per call (scripts.go)
+//	{E(P)/E(k)}n       the fencing counter: tokens of k's grants
+//	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL
+//
+// E percent-encodes '%', '/', '{' and '}' and nothing else, so the tag is
+// the whole {…} (Redis hashes what lies between the first '{' and the
+// next '}'), and no two (P, k) pairs share a tag: "a" and "a/b" are
+// {P/a} and {P/a%2Fb}. Grants are announced on the channel {E(P)}grants,
+// one per prefix.
+//
+// The queue comes and goes with the calls (Redis deletes an empty sorted
+// set). A marker is set by its session's enqueue and deleted by the
+// release that leaves the queue empty; the marker of a session whose last
+// call left while others were queued expires with its TTL. The counter
+// stays (a string key of about 70 bytes plus the key's length, per lock
+// key ever locked), because tokens must keep growing after a key's queue
+// empties. A counter that is lost anyway (a flushed or restarted server
+// without persistence) starts again from the server's clock in
+// microseconds, above every token it handed out unless the clock went
+// back.
+
+// escape percent-encodes '%', '/', '{' and '}'.
+func escape(s string) string {
+	if !strings.ContainsAny(s, "%/{}") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '/':
+			b.WriteString("%2F")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// QueueKey returns the Redis key of the queue of key under prefix: a
+// sorted set with one member per call holding or queued, in arrival
+// order (ZRANGE shows it; ZCARD counts the calls). It is for tools,
+// tests and demos that look at the queues directly; the members' format
+// is described in the package's scripts and may change.
+func QueueKey(prefix, key string) string {
+	return "{" + escape(prefix) + "/" + escape(key) + "}q"
+}
+
+// names are the Redis keys of one lock key.
+type names struct {
+	queue, counter, markers string // markers: the prefix of the session markers
+}
+
+// namesOf returns the Redis keys of key under the core's prefix.
+func (c *core) namesOf(key string) names {
+	tag := "{" + c.esc + "/" + escape(key) + "}"
+	return names{queue: tag + "q", counter: tag + "n", markers: tag + "s:"}
+}

@@ -1,0 +1,260 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The server side. Every change to a key's queue is one Lua script, so it
+// is atomic on the server (a script runs with nothing interleaved: "Atomicity
+// of scripts", redis.io/docs/latest/develop/interact/programmability/eval-intro).
+// redis.NewScript loads each one lazily: Script.Run sends EVALSHA and
+// falls back to EVAL on NOSCRIPT, so a restarted server or a SCRIPT FLUSH
+// costs one EVAL, not an error.
+//
+// A key's queue is a sorted set of entries, one per call (see keys.go for
+// the names), scored by the key's fencing counter at enqueue time, so its
+// order is arrival order. An entry is "sid|seq|mode|w|n": the session of
+// the Locker that made it, that Locker's call number, the mode (x
+// exclusive, r shared, u units of a semaphore, w a Wait), the units asked
+// (w) and the semaphore's size (n). Whether an entry holds the key is not
+// stored: it follows from the entries ahead of it (walk below), so a
+// grant is never a separate write that could be lost.
+//
+// An entry lives while its session's marker on the key exists. A script
+// that walks the head of a queue removes the entries of sessions whose
+// marker expired (purge), so a dead process's entries go the first time
+// anyone looks at them, all at once: each costs no more than its session's
+// TTL, and dead entries do not add up (Redisson's fair lock instead waits
+// out one timeout per dead waiter, redisson/redisson#1353).
+//
+// Every script that can change which entries hold the key publishes the
+// entries it newly granted on the Locker prefix's channel; the waiters'
+// Lockers dispatch them to their calls (hub.go).
+
+// prelude is shared by the scripts that walk a queue. KEYS[1] is the
+// queue; ARGV[1] the prefix of the key's session markers, ARGV[2] the
+// channel.
+const prelude = `
+local q = KEYS[1]
+local mpre = ARGV[1]
+local chan = ARGV[2]
+local alive = {}
+local function live(sid)
+  local a = alive[sid]
+  if a == nil then
+    a = redis.call('EXISTS', mpre .. sid) == 1
+    alive[sid] = a
+  end
+  return a
+end
+local function parse(m)
+  local sid, mode, w, n = string.match(m, '^([^|]+)|[^|]+|(%a)|(%d+)|(%d+)$')
+  return sid, mode, tonumber(w), tonumber(n)
+end
+-- fits: can an entry be granted behind cnt granted entries, which are all
+-- shared (shared), all units summing to sum (units)?
+local function fits(cnt, shared, units, sum, mode, w, n)
+  if cnt == 0 then return true end
+  if mode == 'r' then return shared end
+  if mode == 'u' then return units and sum + w <= n end
+  return false
+end
+-- walk returns the entries that hold the key (a prefix of the queue:
+-- head-of-line) and the prefix's state. With purge it removes the entries
+-- of expired sessions that it meets, the first blocked entry included.
+local function walk(purge)
+  local granted = {}
+  local cnt, shared, units, sum = 0, true, true, 0
+  local i = 0
+  while true do
+    local batch = redis.call('ZRANGE', q, i, i + 63)
+    if #batch == 0 then break end
+    local stop = false
+    for _, m in ipairs(batch) do
+      local sid, mode, w, n = parse(m)
+      if purge and not live(sid) then
+        redis.call('ZREM', q, m)
+      elseif fits(cnt, shared, units, sum, mode, w, n) then
+        granted[#granted + 1] = m
+        cnt = cnt + 1
+        shared = shared and mode == 'r'
+        units = units and mode == 'u'
+        sum = sum + w
+        i = i + 1
+      else
+        stop = true
+        break
+      end
+    end
+    if stop then break end
+  end
+  return granted, cnt, shared, units, sum
+end
+-- notify publishes the entries of after that were not in before.
+local function notify(before, after)
+  local was = {}
+  for _, m in ipairs(before) do was[m] = true end
+  local news = {}
+  for _, m in ipairs(after) do
+    if not was[m] then news[#news + 1] = m end
+  end
+  if #news > 0 then redis.call('PUBLISH', chan, table.concat(news, ' ')) end
+end
+`
+
+// enqueueScript queues a call. KEYS: queue, counter, this session's
+// marker. ARGV: marker prefix, channel, entry, TTL in ms, kind ("l" queue,
+// "t" only if granted at once, "w" a Wait: nothing if the queue is empty).
+// It returns {1, token, granted (0/1)}; {0} for a Try that would wait;
+// {2} for a Wait on an empty queue; {-1, n} when the queue holds a
+// semaphore entry of another size n. It is idempotent per entry: go-redis
+// sends a script again when its reply is lost (EOF, a read timeout), and a
+// run that finds its entry already queued reports it as the first run did.
+var enqueueScript = redis.NewScript(prelude + `
+local member, ttl, kind = ARGV[3], ARGV[4], ARGV[5]
+local sid, mode, w, n = parse(member)
+local before = walk(false)
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  -- Entries of this session left from before its marker expired are dead
+  -- (their calls were told so, or will be); they go before the marker
+  -- comes back.
+  local pre = sid .. '|'
+  for _, m in ipairs(redis.call('ZRANGE', q, 0, -1)) do
+    if string.sub(m, 1, #pre) == pre then redis.call('ZREM', q, m) end
+  end
+end
+local g, cnt, shared, units, sum = walk(true)
+local had = redis.call('ZSCORE', q, member)
+if had then
+  -- This call's script ran before: go-redis sends a script again when
+  -- its reply was lost (EOF, a read timeout). Report what the first run
+  -- did; a second ZADD would move the entry behind later calls while its
+  -- grant may already have been announced, and a Try would answer {0}
+  -- with its entry left holding the key.
+  redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  notify(before, g)
+  for _, m in ipairs(g) do
+    if m == member then return {1, tonumber(had), 1} end
+  end
+  return {1, tonumber(had), 0}
+end
+local total = redis.call('ZCARD', q)
+if mode == 'u' and total > 0 then
+  local hs, hm, hw, hn = parse(redis.call('ZRANGE', q, 0, 0)[1])
+  if hm == 'u' and hn ~= n then
+    notify(before, g)
+    return {-1, hn}
+  end
+end
+local now = cnt == total and fits(cnt, shared, units, sum, mode, w, n)
+if (kind == 't' and not now) or (kind == 'w' and total == 0) then
+  notify(before, g)
+  if kind == 't' then return {0} end
+  return {2}
+end
+redis.call('SET', KEYS[3], '1', 'PX', ttl)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('ZADD', q, string.format('%.0f', token), member)
+notify(before, g)
+if now then return {1, token, 1} end
+return {1, token, 0}
+`)
+
+// releaseSrc removes an entry of the calling session. KEYS: queue, the
+// session's marker. ARGV: marker prefix, channel, entry. It returns 1 if
+// the entry was there and its session alive, 0 if not (someone removed
+// it, or the session's marker expired and anyone may purge the entry: the
+// grant was lost, whether or not another call was granted meanwhile).
+// A queue left empty deletes the queue (Redis does) and the session's
+// marker, which then guards no entry, so that an uncontended key keeps
+// only its counter; a marker whose session released while others were
+// queued expires with its TTL. A second run answers 0 for the entry the
+// first removed, so it runs through runOnce, never go-redis's retries.
+const releaseSrc = prelude + `
+local before = walk(false)
+local alive = redis.call('EXISTS', KEYS[2])
+local removed = redis.call('ZREM', q, ARGV[3])
+local after = walk(true)
+notify(before, after)
+if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
+return removed * alive
+`
+
+var releaseScript = redis.NewScript(releaseSrc)
+
+// noRetryCmd is a command go-redis sends at most once: its retries (after
+// EOF, a read timeout, a pool timeout) would run a script that has
+// already run, whose reply was lost, a second time. go-redis's Cmder has
+// NoRetry for this (a command that must not run twice); MOVED and ASK
+// redirections are followed all the same.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
+// runOnce runs the script src (whose SHA1 is s's) as Script.Run does,
+// EVALSHA then EVAL after NOSCRIPT, but with each run at most once: it is
+// sent again only after an error that shows it never left (no connection
+// from the pool in time, a failed dial), up to 3 more times as go-redis's
+// default MaxRetries. Any other error leaves the outcome unknown, and the
+// caller must treat it so.
+func runOnce(ctx context.Context, c redis.UniversalClient, s *redis.Script, src string, keys []string, args ...any) *redis.Cmd {
+	send := func(name, body string) *redis.Cmd {
+		a := make([]any, 0, 3+len(keys)+len(args))
+		a = append(a, name, body, len(keys))
+		for _, k := range keys {
+			a = append(a, k)
+		}
+		a = append(a, args...)
+		var cmd *redis.Cmd
+		for try := 0; ; try++ {
+			cmd = redis.NewCmd(ctx, a...)
+			err := c.Process(ctx, noRetryCmd{cmd})
+			var op *net.OpError
+			unsent := errors.Is(err, redis.ErrPoolTimeout) || (errors.As(err, &op) && op.Op == "dial")
+			if !unsent || try == 3 || ctx.Err() != nil {
+				return cmd
+			}
+		}
+	}
+	cmd := send("evalsha", s.Hash())
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		return send("eval", src)
+	}
+	return cmd
+}
+
+// checkScript purges the head of a queue and reports it. KEYS: queue.
+// ARGV: marker prefix, channel, entry or "". It returns {entry present
+// (0/1), entries in the queue, the entries that hold the key...}.
+var checkScript = redis.NewScript(prelude + `
+local before = walk(false)
+local after = walk(true)
+notify(before, after)
+local present = 0
+if ARGV[3] ~= '' and redis.call('ZSCORE', q, ARGV[3]) then present = 1 end
+local res = {present, redis.call('ZCARD', q)}
+for _, m in ipairs(after) do res[#res + 1] = m end
+return res
+`)
+
+// renewScript renews a session's marker on one key. KEYS: marker, queue.
+// ARGV: TTL in ms, the session's entries the Locker believes present. It
+// returns {-1} if the marker had expired (every entry of the session on
+// the key is dead, and it is not brought back), else {0, the entries
+// that are missing...}.
+var renewScript = redis.NewScript(`
+if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return {-1} end
+local res = {0}
+for i = 2, #ARGV do
+  if not redis.call('ZSCORE', KEYS[2], ARGV[i]) then res[#res + 1] = ARGV[i] end
+end
+return res
+`)
