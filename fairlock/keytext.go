@@ -38,7 +38,8 @@ const keyTextMax = 256
 // another rendering as its first bytes, `{abc… (300 bytes rendered)`.
 // A cut falls on a rune boundary.
 func keyText(k any, render func(any) string) string {
-	if s, ok := k.(string); ok && render == nil {
+	if v := reflect.ValueOf(k); v.Kind() == reflect.String && render == nil { // named string types too
+		s := v.String()
 		if len(s) <= keyTextMax {
 			return strconv.Quote(s)
 		}

@@ -45,3 +45,35 @@ func TestLongKeyCutInErrors(t *testing.T) {
 		t.Errorf("a long non-string key: %.120q... (%d bytes)", got, len(got))
 	}
 }
+
+// TestLongKeyCutInALockersErrors: the error a Locker returns for a long
+// key is cut as a LockError built by hand is (the quoted first bytes and
+// the key's size), for a named string type too, and its slog form carries
+// the cut key without the text form's quotes.
+func TestLongKeyCutInALockersErrors(t *testing.T) {
+	type userID string
+	long := strings.Repeat("k", 2<<20)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	want := `"` + strings.Repeat("k", 256) + `"… (2097152 bytes)`
+
+	l := fairlock.New[string]()
+	defer l.Close(context.Background())
+	_, err := l.Lock(ctx, long)
+	named := fairlock.New[userID]()
+	defer named.Close(context.Background())
+	_, errNamed := named.Lock(ctx, userID(long))
+	for _, err := range []error{err, errNamed} {
+		if msg := err.Error(); !strings.Contains(msg, " "+want+" (") {
+			t.Errorf("Error() = %.40q...%q, want the key as %.40q...%q", msg, msg[max(0, len(msg)-60):], want, want[len(want)-30:])
+		}
+		var le *fairlock.LockError
+		if !errors.As(err, &le) {
+			t.Fatalf("%T is not a *LockError", err)
+		}
+		key := le.LogValue().Group()[1]
+		if got, wantJSON := key.Value.String(), want[1:256+1]+want[256+2:]; key.Key != "key" || got != wantJSON {
+			t.Errorf("LogValue key = %.40q...%q, want %.40q...%q", got, got[max(0, len(got)-30):], wantJSON, wantJSON[len(wantJSON)-30:])
+		}
+	}
+}

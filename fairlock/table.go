@@ -30,7 +30,7 @@ type table[K comparable] struct {
 	name      string
 	logger    *slog.Logger
 	keyFormat func(K) string   // WithKeyFormatter, or nil
-	renderAny func(any) string // renders a K held in an any: for errors
+	renderAny func(any) string // renders a K held in an any, for errors: the formatter's; nil without one (renderKey)
 	timed     bool             // read the clock on grant/release: debug or observer on
 	stacks    bool             // WithStacks
 	obs       LockerObserver   // nil without WithObserver
@@ -101,13 +101,15 @@ func (t *table[K]) init(k kind, size int64, opts []Option) {
 			panic(fmt.Sprintf("fairlock: WithKeyFormatter given a %T for a %v of %v keys", cfg.keyFormat, k, reflect.TypeFor[K]()))
 		}
 		t.keyFormat = f
-	}
-	t.renderAny = func(k any) string {
-		if key, ok := k.(K); ok {
-			return t.keyText(key)
+		t.renderAny = func(k any) string {
+			if key, ok := k.(K); ok {
+				return t.keyText(key)
+			}
+			return renderKey(k)
 		}
-		return renderKey(k)
 	}
+	// Without a formatter renderAny stays nil: keyText then renders a
+	// string key itself, so that a long one is cut inside its quotes.
 	if cfg.deadlocks {
 		t.detector = newDetector[K](k == semaphoreKind)
 	}

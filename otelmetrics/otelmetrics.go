@@ -76,12 +76,13 @@ type config struct {
 
 // WithDurationBuckets sets the explicit boundaries, in seconds, of both
 // duration histograms (fairlock.lock.wait.duration and
-// fairlock.lock.hold.duration) in place of DefaultDurationBuckets. They
-// must be finite and strictly increasing, or NewWithOptions returns an
-// error; none
-// at all makes each histogram one bucket (count and sum only). New copies
-// them: changing the slice afterwards changes nothing. A View set on the
-// MeterProvider overrides them, as it would the default.
+// fairlock.lock.hold.duration) in place of DefaultDurationBuckets. There
+// must be at least one, finite and strictly increasing, or NewWithOptions
+// returns an error (the OpenTelemetry SDK reads an empty list as none
+// given, and would apply its own default boundaries, 0 to 10000, meant
+// for milliseconds). New copies them: changing the slice afterwards
+// changes nothing. A View set on the MeterProvider overrides them, as it
+// would the default.
 func WithDurationBuckets(bounds ...float64) Option {
 	return func(c *config) { c.buckets = slices.Clone(bounds) }
 }
@@ -110,7 +111,7 @@ func New(mp metric.MeterProvider) (fairlock.Observer, error) {
 }
 
 // NewWithOptions is New configured by opts (WithDurationBuckets). It
-// returns an error for buckets that are not finite and strictly
+// returns an error for buckets that are none, or not finite and strictly
 // increasing, and the first error the meter reports.
 func NewWithOptions(mp metric.MeterProvider, opts ...Option) (fairlock.Observer, error) {
 	cfg := config{buckets: DefaultDurationBuckets()}
@@ -118,6 +119,9 @@ func NewWithOptions(mp metric.MeterProvider, opts ...Option) (fairlock.Observer,
 		if opt != nil {
 			opt(&cfg)
 		}
+	}
+	if len(cfg.buckets) == 0 {
+		return nil, fmt.Errorf("fairlock: otelmetrics: no duration buckets: want at least one boundary")
 	}
 	for i, b := range cfg.buckets {
 		if math.IsNaN(b) || math.IsInf(b, 0) || i > 0 && b <= cfg.buckets[i-1] {
