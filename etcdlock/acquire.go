@@ -291,15 +291,20 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 				return fairlock.ErrWouldBlock
 			}
 			// Judge the range: room now for c beside every call on it?
-			var weight int64
+			// (Newest first: oldest ends as the oldest Semaphore call's
+			// size.)
+			var weight total
+			var oldest int64
 			for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-				w, other := c.claim.weigh(string(kv.Key))
-				if other != 0 {
-					return l.sizeError(c.claim, other)
+				weight.add(c.claim.weigh(string(kv.Key)))
+				if a := claimOf(string(kv.Key)); a.size > 0 {
+					oldest = a.size
 				}
-				weight += w
 			}
-			if weight > c.claim.room() {
+			if other := c.claim.otherSize(oldest); other != 0 {
+				return l.sizeError(c.claim, other)
+			}
+			if !weight.atMost(c.claim.room()) {
 				return fairlock.ErrWouldBlock
 			}
 			seen = resp.Header.Revision
@@ -311,19 +316,21 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 		rev := resp.Header.Revision
 		var ahead []string
 		complete := true
-		var other int64 // a Semaphore call of another size ahead
+		var oldest int64 // the size of the oldest Semaphore call ahead
 		if k != kindTry {
+			// Newest first: the last Semaphore call seen is the oldest.
 			rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
 			for _, kv := range rr.Kvs {
 				if kv.CreateRevision < rev {
 					ahead = append(ahead, string(kv.Key))
-					if _, o := c.claim.weigh(string(kv.Key)); o != 0 {
-						other = o
+					if a := claimOf(string(kv.Key)); a.size > 0 {
+						oldest = a.size
 					}
 				}
 			}
 			complete = !rr.More
 		}
+		other := c.claim.otherSize(oldest) // a Semaphore of another size keeps the key
 		l.mu.Lock()
 		c.name, c.rev, c.lease = name, rev, ls
 		c.gone = l.lease != ls // abandoned while the key was written

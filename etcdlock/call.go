@@ -43,7 +43,7 @@ type call struct {
 	state      callState
 	granted    time.Time
 	wake       chan struct{} // cap 1: the hub has news for the waiting call
-	weight     int64         // the weight (claim.weigh) of aheadKeys
+	weight     total         // the weight (claim.weigh) of aheadKeys
 	aheadKeys  []string      // the subscribed keys ahead not yet deleted that weigh on it
 	complete   bool          // aheadKeys were every key ahead
 	ownWatched bool          // subscribed to its own key's deletion
@@ -54,7 +54,7 @@ type call struct {
 
 // ready reports whether the subscribed keys ahead of c that are left
 // leave room for it: with complete, c's turn has come. Locker.mu is held.
-func (c *call) ready() bool { return c.weight <= c.claim.room() }
+func (c *call) ready() bool { return c.weight.atMost(c.claim.room()) }
 
 // isOwner is the etcd comparison that holds while c's key exists with
 // its creation revision (Guard.IsOwner).

@@ -160,7 +160,9 @@ type Locker struct {
 // same cluster and prefix exclude each other, key by key. prefix must not
 // be empty; one trailing '/' is implied ("locks" and "locks/" are the
 // same), and one made only of slashes is refused. Nothing but the
-// Locker's keys may be written under it. A nil Option is ignored.
+// Locker's keys may be written under it, nor may a Semaphore share it
+// (each would count the other's calls as exclusive ones: see Semaphore).
+// A nil Option is ignored.
 //
 // New grants the Locker's lease (WithTTL) and starts its watch on the
 // prefix before it returns: two round trips, bounded by 10 s and by

@@ -100,13 +100,13 @@ func (l *Locker) subscribeLocked(c *call, ahead []string, complete bool, at int6
 		if r, ok := h.recent[k]; ok && r > at {
 			continue
 		}
-		w, _ := c.claim.weigh(k)
+		w := c.claim.weigh(k)
 		if w == 0 {
 			continue // a reader ahead of a reader: it never keeps it waiting
 		}
 		h.watched[k] = append(h.watched[k], c)
 		c.aheadKeys = append(c.aheadKeys, k)
-		c.weight += w
+		c.weight.add(w)
 	}
 	if !c.ownWatched {
 		if r, ok := h.recent[c.name]; ok && r > at {
@@ -128,7 +128,7 @@ func (l *Locker) unwatchAheadLocked(c *call) {
 		l.hub.drop(k, c)
 	}
 	c.aheadKeys = c.aheadKeys[:0]
-	c.weight = 0
+	c.weight = total{}
 }
 
 // unwatchLocked removes every subscription of c. l.mu is held.
@@ -184,8 +184,8 @@ func (l *Locker) deletedLocked(key string, rev int64) {
 		if i := slices.Index(c.aheadKeys, key); i >= 0 {
 			c.aheadKeys = slices.Delete(c.aheadKeys, i, i+1)
 			was := c.ready()
-			w, _ := c.claim.weigh(key)
-			c.weight -= w
+			w := c.claim.weigh(key)
+			c.weight.sub(w)
 			if !was && c.ready() {
 				c.signal()
 			}
@@ -511,7 +511,7 @@ func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 			subscribed = append(subscribed, c)
 		}
 		c.aheadKeys = c.aheadKeys[:0]
-		c.weight = 0
+		c.weight = total{}
 		c.ownWatched = false
 	}
 	clear(h.watched)
@@ -533,13 +533,13 @@ func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		for _, kv := range kvs {
 			if kv.CreateRevision < c.rev && strings.HasPrefix(string(kv.Key), r) {
 				k := string(kv.Key)
-				w, _ := c.claim.weigh(k) // a call of another size counts as the whole size
+				w := c.claim.weigh(k) // a call of another size counts as the whole size
 				if w == 0 {
 					continue
 				}
 				h.watched[k] = append(h.watched[k], c)
 				c.aheadKeys = append(c.aheadKeys, k)
-				c.weight += w
+				c.weight.add(w)
 			}
 		}
 		c.complete = true

@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"math/bits"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -187,20 +188,56 @@ func (c claim) room() int64 {
 // An exclusive call is kept waiting by every call ahead (weight 1); a
 // shared one by every call that is not shared (a reader ahead weighs 0);
 // w units by the units of each call of the same size ahead, and by the
-// whole size for any other call. other is the size of a Semaphore call
-// ahead whose size differs from c's (0 if none): such a call must fail
-// (Semaphore.Acquire), never be granted by a count of mixed units.
-func (c claim) weigh(ahead string) (weight, other int64) {
+// whole size for any other call, a Semaphore call of another size
+// included: units of two sizes are never counted together.
+func (c claim) weigh(ahead string) int64 {
 	a := claimOf(ahead)
 	switch {
 	case c.size > 0 && a.size == c.size:
-		return a.w, 0
-	case c.size > 0 && a.size > 0:
-		return c.size, a.size
+		return a.w
 	case c.size > 0:
-		return c.size, 0
+		return c.size
 	case c.shared && a.shared:
-		return 0, 0
+		return 0
 	}
-	return 1, 0
+	return 1
+}
+
+// total is a sum of weights (claim.weigh) that does not overflow: 128
+// bits, high and low words. Each weight is at most a Semaphore's size,
+// which may be as large as math.MaxInt64, so two units' weights ahead of
+// a call can already overflow an int64, and a sum that wrapped around to
+// a negative number would grant the call beyond the size.
+type total struct{ hi, lo uint64 }
+
+// add adds w ≥ 0.
+func (t *total) add(w int64) {
+	var carry uint64
+	t.lo, carry = bits.Add64(t.lo, uint64(w), 0)
+	t.hi += carry
+}
+
+// sub subtracts w ≥ 0, which was added before.
+func (t *total) sub(w int64) {
+	var borrow uint64
+	t.lo, borrow = bits.Sub64(t.lo, uint64(w), 0)
+	t.hi -= borrow
+}
+
+// atMost reports whether t ≤ n, for n ≥ 0.
+func (t total) atMost(n int64) bool { return t.hi == 0 && t.lo <= uint64(n) }
+
+// otherSize returns the size of the Semaphore that a key belongs to if it
+// is not c's (0 if it is, or if c is no Semaphore call, or no Semaphore
+// call is ahead): oldest is the size of the oldest Semaphore call among
+// the keys ahead of c (0 if none). That call's size keeps the key: a
+// call of another size behind it found it ahead, fails (Locker.run) and
+// deletes its key, so it is never granted; until it has gone it weighs
+// the whole size (weigh), and a call of the keeping size behind it waits
+// for it rather than fail.
+func (c claim) otherSize(oldest int64) int64 {
+	if c.size > 0 && oldest > 0 && oldest != c.size {
+		return oldest
+	}
+	return 0
 }

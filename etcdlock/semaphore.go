@@ -26,11 +26,14 @@ import (
 // n (keys.go), so that every process can count the units ahead.
 //
 // Every process on a prefix must use the same n. A call that finds on its
-// key a call of a Semaphore of another n fails with a *fairlock.LockError
-// wrapping fairlock.ErrInvalidWeight that names both sizes, and leaves no
-// key behind: the sizes are never mixed in one count, so a key is never
+// key calls of a Semaphore of another n, the oldest of them older than
+// any of its own size, fails with a *fairlock.LockError wrapping
+// fairlock.ErrInvalidWeight that names both sizes, and leaves no key
+// behind: the sizes are never mixed in one count, so a key is never
 // granted beyond either size. The size whose call reached a free key
-// first keeps it; calls of the other size fail until its calls are gone.
+// first keeps it; calls of the other size fail until its calls are gone
+// (one of them that queued behind its calls, on its way out, keeps the
+// calls of the keeping size behind it waiting, not failing).
 // Lockers and Semaphores must not share a prefix; a call of a Locker on a
 // Semaphore's key counts as all n units, and the reverse as a writer.
 //
@@ -71,8 +74,9 @@ func NewSemaphore(client *clientv3.Client, prefix string, n int64, opts ...Optio
 // It returns a nil Lease and a *fairlock.LockError naming the key and
 // owner, wrapping:
 //   - fairlock.ErrInvalidWeight at once, with nothing written, if w < 1 or
-//     w > n; or if a call of a Semaphore with another n is on the key
-//     (the message names both sizes; the call's own key is deleted);
+//     w > n; or if a Semaphore with another n keeps the key (its call is
+//     the oldest on it: the message names both sizes; the call's own key
+//     is deleted);
 //   - fairlock.ErrReentrant at once if the owner holds units of key
 //     through this Semaphore;
 //   - the context's error, fairlock.ErrClosed or etcd's error, as Lock.

@@ -7,7 +7,12 @@ import (
 )
 
 func init() {
-	testhook.PauseWatch = func(l any) func() { return pauseWatch(l.(*Locker)) }
+	testhook.PauseWatch = func(l any) func() {
+		if s, ok := l.(*Semaphore); ok {
+			return pauseWatch(s.l)
+		}
+		return pauseWatch(l.(*Locker))
+	}
 }
 
 // pauseWatch is testhook.PauseWatch (see there): it cancels the watch

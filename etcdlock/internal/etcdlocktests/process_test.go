@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +19,10 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // Tests across processes re-execute the test binary as workers: TestMain
@@ -399,12 +403,47 @@ func TestProcessKilled(t *testing.T) {
 	}
 }
 
+// answered is a gRPC interceptor that, once armed, closes done when a
+// transaction that writes a key has been answered.
+type answered struct {
+	once  sync.Once
+	armed atomic.Bool
+	done  chan struct{}
+}
+
+func (a *answered) arm() { a.armed.Store(true) }
+
+func (a *answered) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoke(ctx, method, req, reply, cc, opts...)
+	if tr, ok := req.(*etcdserverpb.TxnRequest); ok && err == nil && a.armed.Load() {
+		for _, op := range append(tr.Success, tr.Failure...) {
+			if op.GetRequestPut() != nil {
+				a.once.Do(func() { close(a.done) })
+			}
+		}
+	}
+	return err
+}
+
 // TestServerRestart: the server stops and restarts on the same data
 // within the TTL while one Locker holds a key and another waits. The
 // holder keeps its grant or sees Lost; never are both grants current.
 func TestServerRestart(t *testing.T) {
 	srv := etcdtest.StartServer(t)
-	ca, cb := srv.Client(t), srv.Client(t)
+	ca := srv.Client(t)
+	// b's client says when b's enqueueing transaction has been answered:
+	// its key shows up in etcd a little before that, and a Stop in
+	// between fails b's Lock with the transaction's error (its outcome
+	// unknown to b), as Lock documents.
+	enq := &answered{done: make(chan struct{})}
+	cb, err := clientv3.New(clientv3.Config{
+		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(enq.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cb.Close() }) // after lb's Close
 	// A TTL that outlasts the outage as the clients see it: the stop,
 	// the restart and gRPC's first reconnection delay (about 1 s).
 	const ttl = 5 * time.Second
@@ -417,6 +456,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var gb keylock.Lease
+	enq.arm()
 	bDone := make(chan error, 1)
 	go func() {
 		g, err := lb.Lock(ctx, "k")
@@ -426,6 +466,11 @@ func TestServerRestart(t *testing.T) {
 		bDone <- err
 	}()
 	waitKeys(t, ca, "/restart/", 2, 10*time.Second)
+	select {
+	case <-enq.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b's enqueueing transaction was not answered")
+	}
 
 	srv.Stop()
 	time.Sleep(300 * time.Millisecond) // the outage: shorter than the TTL

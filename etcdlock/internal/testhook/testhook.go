@@ -9,7 +9,8 @@
 // import of this internal package cannot meet another etcdlock release.
 package testhook
 
-// PauseWatch ends the watch of l (an *etcdlock.Locker) on its prefix, as
+// PauseWatch ends the watch of l (an *etcdlock.Locker or
+// *etcdlock.Semaphore) on its prefix, as
 // a compaction or a lost leader would, and holds off the next one until
 // resume is called: the deletions made meanwhile reach l only through the
 // listing it rebuilds its subscriptions from. It returns once the watch
