@@ -101,10 +101,16 @@ func (l *Locker) RLock(ctx context.Context, key string) (keylock.Lease, error) {
 // key it is one round trip; beside readers, two: a transaction that
 // writes only if the key's range is empty returns the range, and a second
 // writes only if no call has joined it since (retried with the new range
-// if one has). Otherwise it fails like RLock.
+// if one has, up to eight ranges, then ErrWouldBlock: a key that calls
+// keep joining is busy). Otherwise it fails like RLock.
 func (l *Locker) TryRLock(ctx context.Context, key string) (keylock.Lease, error) {
 	return asLease(l.acquire(ctx, "TryRLock", kindTry, claim{shared: true}, key))
 }
+
+// tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
+// before it fails with ErrWouldBlock: each round that finds room is
+// refused only if another call joined the key meanwhile.
+const tryRounds = 8
 
 // asLease returns a call's result as a keylock.Lease: nil (a nil interface,
 // never a typed nil inside one) with an error.
@@ -245,6 +251,7 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 	list := clientv3.OpGet(r, listOpts...)
 	exclusive := c.claim == claim{}
 	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
+	rounds := 0    // and how many ranges it has judged
 	for {
 		ls, err := l.leaseFor(ctx)
 		if err != nil {
@@ -304,7 +311,10 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 			if other := c.claim.otherSize(oldest); other != 0 {
 				return l.sizeError(c.claim, other)
 			}
-			if !weight.atMost(c.claim.room()) {
+			// A key that calls keep joining between the two
+			// transactions is busy: after tryRounds judged ranges the
+			// call fails as blocked rather than spin until ctx ends.
+			if rounds++; !weight.atMost(c.claim.room()) || rounds > tryRounds {
 				return fairlock.ErrWouldBlock
 			}
 			seen = resp.Header.Revision
