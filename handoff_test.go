@@ -194,3 +194,77 @@ func TestHandOffOfASemaphoreGrant(t *testing.T) {
 		t.Fatal("HandOff of the zero Guard, or to owner 0, reported true")
 	}
 }
+
+// TestHandOffToAQueuedOwnerIsRefused: a holds k and b is queued on k.
+// Handing a's grant to b would have b hold k and wait for it, a cycle the
+// deadlock detector would then report against every later waiter of k
+// ("flow#2 waits for k held by flow#2"). HandOff refuses it and changes
+// nothing: a third flow's Lock queues as usual, and the key goes to b,
+// then to it, in arrival order.
+func TestHandOffToAQueuedOwnerIsRefused(t *testing.T) {
+	l := fairlock.New[string](fairlock.WithDeadlockDetection(), quiet())
+	defer l.Close(context.Background())
+	a := owner.NewContext(context.Background())
+	b := owner.NewContext(context.Background())
+	c := owner.NewContext(context.Background())
+	ga, err := l.Lock(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockAndUnlock := func(ctx context.Context, release <-chan struct{}, out chan<- error) {
+		g, err := l.Lock(ctx, "k")
+		if err == nil {
+			<-release
+			g.Unlock()
+		}
+		out <- err
+	}
+	bErr, bRelease := make(chan error, 1), make(chan struct{})
+	go lockAndUnlock(b, bRelease, bErr)
+	waitWaiters(t, l, "k", 1)
+
+	// Errorf, not Fatalf, up to ga.Unlock: the grants must end for Close.
+	if ga.HandOff(owner.Of(b)) {
+		t.Error("HandOff to an owner queued on the key reported true")
+	}
+	// Nothing changed: the grant is still a's.
+	if _, err := l.TryLock(a, "k"); !errors.Is(err, fairlock.ErrReentrant) {
+		t.Errorf("TryLock by a after the refused hand-off: %v; want ErrReentrant", err)
+	}
+	cErr, cRelease := make(chan error, 1), make(chan struct{})
+	go lockAndUnlock(c, cRelease, cErr)
+	// c queues (two waiters), or fails at once: ErrDeadlock before the fix.
+	waitFor(t, "c to queue or fail", func() bool { return l.Waiters("k") == 2 || len(cErr) > 0 })
+	if len(cErr) > 0 {
+		t.Errorf("Lock by a third flow after the refused hand-off: %v; want it queued", <-cErr)
+		cErr <- nil
+	}
+
+	ga.Unlock()
+	close(bRelease)
+	if err := recv(t, bErr); err != nil {
+		t.Fatalf("b's Lock: %v", err)
+	}
+	close(cRelease)
+	if err := recv(t, cErr); err != nil {
+		t.Fatalf("c's Lock: %v", err)
+	}
+	// A Wait queued counts as queued too.
+	ga, err = l.Lock(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- l.Wait(b, "k") }()
+	waitWaiters(t, l, "k", 1)
+	if ga.HandOff(owner.Of(b)) {
+		t.Error("HandOff to an owner with a Wait queued on the key reported true")
+	}
+	ga.Unlock()
+	if err := recv(t, waited); err != nil {
+		t.Fatalf("b's Wait: %v", err)
+	}
+	if n := l.Len(); n != 0 {
+		t.Fatalf("Len = %d after every grant ended", n)
+	}
+}

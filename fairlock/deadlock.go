@@ -454,7 +454,7 @@ func (d *detector[K]) shrink() {
 func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, derr *DeadlockError) (Guard[K], error) {
 	derr.render = t.renderAny
 	if t.logger.Enabled(ctx, slog.LevelWarn) {
-		args := ownerAttrs([]any{"locker", t.name, "key", registry.JSONKey(t.keyText(key))}, "owner", id)
+		args := ownerAttrs([]any{"locker", t.name, "key", registry.JSONKey(t.keyText(key))}, "owner", id, owner.LabelOf(ctx))
 		t.logger.WarnContext(ctx, "fairlock: deadlock refused", append(args, "cycle", derr.Error())...)
 	}
 	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")

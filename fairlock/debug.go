@@ -129,7 +129,7 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 				Waiters: make([]registry.WaiterState, 0, v.waiting()),
 			}
 			for h := range v.holders() {
-				hs := registry.HolderState{Owner: h.owner.Name(), Label: h.owner.Label(), Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
+				hs := registry.HolderState{Owner: h.owner.Name(), Label: h.info.label, Token: h.token, Since: h.info.since, Stack: frames(h.info.stack)}
 				hs.For = now.Sub(hs.Since)
 				hs.LongHeld = long(hs.For)
 				if t.kind == semaphoreKind {
@@ -143,7 +143,7 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 			k.LongHeld = long(k.HeldFor)
 			for r := range v.waiters() {
 				ws := registry.WaiterState{
-					Owner: r.owner.Name(), Label: r.owner.Label(), Mode: t.mode(r.units, r.turn),
+					Owner: r.owner.Name(), Label: r.label, Mode: t.mode(r.units, r.turn),
 					Since: r.now, Stack: frames(r.stack),
 				}
 				if t.kind == semaphoreKind {
@@ -209,20 +209,23 @@ type warning[K comparable] struct {
 	msg    string
 	key    K
 	owner  owner.ID
+	label  string // owner's, as recorded by the call (holdInfo, request)
 	mode   string
 	token  uint64 // of a grant; 0 for a waiter
 	age    time.Duration
 	stack  []uintptr
 	wait   bool     // a long wait, not a long hold
 	holder owner.ID // for a long wait: the key's oldest holder
+	hlabel string   // holder's label
 }
 
 // ownerAttrs appends the attributes naming id under name to args: its
-// name ("flow#3") and, if it has one, its label under name+"_label", each
-// a string of its own, so that a JSON log carries the label unquoted.
-func ownerAttrs(args []any, name string, id owner.ID) []any {
+// name ("flow#3") and, if it has one, its label l (as the call recorded
+// it) under name+"_label", each a string of its own, so that a JSON log
+// carries the label unquoted.
+func ownerAttrs(args []any, name string, id owner.ID, l string) []any {
 	args = append(args, name, id.Name())
-	if l := id.Label(); l != "" {
+	if l != "" {
 		args = append(args, name+"_label", l)
 	}
 	return args
@@ -263,12 +266,12 @@ func watch[K comparable](wt weak.Pointer[table[K]], d *debugState, name string) 
 			for _, w := range warnings {
 				args := []any{"locker", name, "key", registry.JSONKey(t.keyText(w.key)), "mode", w.mode}
 				if !w.wait {
-					args = ownerAttrs(args, "holder", w.owner)
+					args = ownerAttrs(args, "holder", w.owner, w.label)
 					args = append(args, "token", w.token, "held_for", w.age)
 				} else {
-					args = ownerAttrs(args, "waiter", w.owner)
+					args = ownerAttrs(args, "waiter", w.owner, w.label)
 					args = append(args, "waited", w.age)
-					args = ownerAttrs(args, "holder", w.holder)
+					args = ownerAttrs(args, "holder", w.holder, w.hlabel)
 				}
 				if len(w.stack) > 0 {
 					args = append(args, "stack", strings.Join(frames(w.stack), "\n"))
@@ -309,20 +312,21 @@ func (t *table[K]) overdue(d *debugState, out []warning[K]) []warning[K] {
 			now := time.Now()
 			for v := range s.views() {
 				var oldest owner.ID // the first live holder, named in long-wait warnings
+				var oldestLabel string
 				for h := range v.holders() {
 					if oldest == 0 {
-						oldest = h.owner
+						oldest, oldestLabel = h.owner, h.info.label
 					}
 					if age := now.Sub(h.info.since); due(age, &h.info.warned) {
-						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: v.key(), owner: h.owner,
+						out = append(out, warning[K]{msg: "fairlock: lock held too long", key: v.key(), owner: h.owner, label: h.info.label,
 							mode: t.mode(h.units, false), token: h.token, age: age, stack: h.info.stack})
 					}
 				}
 				for r, warned := range v.waiters() {
 					if age := now.Sub(r.now); due(age, warned) {
-						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: v.key(), owner: r.owner,
+						out = append(out, warning[K]{msg: "fairlock: waiting too long", key: v.key(), owner: r.owner, label: r.label,
 							mode: t.mode(r.units, r.turn), age: age, stack: r.stack,
-							wait: true, holder: oldest})
+							wait: true, holder: oldest, hlabel: oldestLabel})
 					}
 				}
 			}

@@ -102,6 +102,11 @@ type holdInfo struct {
 	since  time.Time // when granted
 	stack  []uintptr // WithStacks: the acquiring call's stack
 	warned uint      // long-held warnings given for this grant
+	// label is the owner's label (owner.LabelOf of the call's ctx, or of
+	// the flow a HandOff gave the grant to), debug only: kept here since
+	// the label behind owner.ID.Label goes once the flow's contexts are
+	// unreachable, which a holder blocked without touching ctx makes them.
+	label string
 }
 
 // outcome of a wait, decided under the shard mutex by whoever ends it.
@@ -121,6 +126,7 @@ type request struct {
 	turn  bool      // a Wait: fits only when nothing is held, holds nothing
 	now   time.Time // zero unless the Locker is timed
 	stack []uintptr // nil unless WithStacks
+	label string    // WithDebug only: owner.LabelOf(ctx), read at the call (see holdInfo)
 }
 
 // waitState is a queued request; it lives in a waitqueue.Waiter.
@@ -341,6 +347,9 @@ func (t *table[K]) acquireSlow(ctx context.Context, op string, s *shard[K], key 
 	r := request{owner: id, units: units, turn: how == askTurn, now: t.now()}
 	if t.stacks {
 		r.stack = captureStack()
+	}
+	if t.dbg != nil {
+		r.label = owner.LabelOf(ctx) // ctx.Value: the caller's code, so before s.mu
 	}
 	done := ctx.Done()
 	s.lock()
@@ -681,7 +690,7 @@ func (e *entry[K]) addHolder(r *request, now time.Time, b *books, idx map[owner.
 	var info *holdInfo
 	if b.timed() {
 		info = b.infos.get()
-		*info = holdInfo{since: now, stack: r.stack}
+		*info = holdInfo{since: now, stack: r.stack, label: r.label}
 	}
 	e.hold(holder{owner: r.owner, token: b.token, units: r.units, info: info})
 	if idx != nil {
@@ -703,9 +712,11 @@ func (e *entry[K]) find(token uint64) (int, bool) {
 }
 
 // handOff moves the live holder with token to owner to (Guard.HandOff),
-// keeping idx's counts, and returns its previous owner; ok is false if no
-// holder has the token.
-func (e *entry[K]) handOff(token uint64, to owner.ID, idx map[owner.ID]int32) (from owner.ID, ok bool) {
+// keeping idx's counts, and returns its previous owner; ok is false, and
+// nothing changed, if no holder has the token or to is queued on the key.
+// On a debug table (debug set) the grant's recorded label becomes label,
+// to's.
+func (e *entry[K]) handOff(token uint64, to owner.ID, idx map[owner.ID]int32, debug bool, label string) (from owner.ID, ok bool) {
 	i, ok := e.find(token)
 	if !ok {
 		return 0, false
@@ -713,6 +724,12 @@ func (e *entry[K]) handOff(token uint64, to owner.ID, idx map[owner.ID]int32) (f
 	from = e.holders[i].owner
 	if from == to {
 		return from, true
+	}
+	if e.queued(to) {
+		return 0, false // to would hold the key and wait for it: a cycle of one
+	}
+	if info := e.holders[i].info; debug && info != nil {
+		info.label = label
 	}
 	e.holders[i].owner = to
 	if idx != nil {
@@ -722,6 +739,17 @@ func (e *entry[K]) handOff(token uint64, to owner.ID, idx map[owner.ID]int32) (f
 		idx[to]++
 	}
 	return from, true
+}
+
+// queued reports whether o has a request queued on e, in any mode: a
+// walk of the queue.
+func (e *entry[K]) queued(o owner.ID) bool {
+	for w := range e.waiters.All() {
+		if w.Value.owner == o {
+			return true
+		}
+	}
+	return false
 }
 
 // reset clears the idle e for reuse by another key, keeping its holders

@@ -41,9 +41,13 @@ func (g Guard[K]) Key() K { return g.key }
 func (g Guard[K]) Token() uint64 { return g.token }
 
 // HandOff moves the grant to owner to, the goroutine or flow that will
-// release it, and reports whether g was still a current grant (false for
-// the zero Guard, a Guard already unlocked, or to == 0; nothing changes
-// then).
+// release it, and reports whether it did: false for the zero Guard, a
+// Guard already unlocked, to == 0, or a to that has a call queued on g's
+// key in any mode (Lock, RLock, Acquire, Wait); nothing changes then.
+// The last is refused because to would then hold the key and wait for
+// it: a wait-for cycle of one owner, which the deadlock detector would
+// report against every later call that waits for the key, and which
+// would have the key granted twice to to once g is unlocked.
 //
 // A grant belongs to the owner of the call that took it (owner.Of of its
 // ctx), and a call of that owner on the same key returns ErrReentrant at
@@ -64,25 +68,37 @@ func (g Guard[K]) Token() uint64 { return g.token }
 // From then on reentrancy checks, deadlock detection and debug output
 // see the grant as to's, and a call by to on the key returns
 // ErrReentrant. The grant's token, mode and place are unchanged; any
-// goroutine may still Unlock it. HandOff takes the shard mutex (a grant
-// of the lock-free path becomes an ordinary one, released under the mutex
-// too); with WithDeadlockDetection, on a key others wait for, it also
-// takes the detector's mutex and moves the hold in its wait-for graph. It
-// allocates nothing beyond, at most, the new owner's entry in the maps
-// that count the holders of a key many hold (or that others wait for).
+// goroutine may still Unlock it. With WithDebug, dumps and warnings show
+// to's label (owner.ID.Label, read when HandOff is called: call it while
+// to's context is reachable, as above).
+//
+// HandOff takes the shard mutex (a grant of the lock-free path becomes an
+// ordinary one, released under the mutex too) and walks the key's queue
+// of waiters; with WithDeadlockDetection, on a key others wait for, it
+// also takes the detector's mutex and moves the hold in its wait-for
+// graph. It allocates, at most, the new owner's entry in the maps that
+// count the holders of a key many hold (or that others wait for), and,
+// for a grant of the lock-free path on a shard with no recycled key
+// state, that key's state (one entry, as the shard's first contended
+// call makes).
 func (g Guard[K]) HandOff(to owner.ID) bool {
 	if g.s == nil || to == 0 {
 		return false
 	}
 	s := g.s
 	tag := s.t.tagOf(g.key)
+	debug := s.t.dbg != nil
+	var label string
+	if debug {
+		label = to.Label() // to's flow, while the caller has its context
+	}
 	s.lock() // inflates a fast grant into an entry
 	defer s.unlock()
 	e := s.find(g.key, tag)
 	if e == nil {
 		return false
 	}
-	from, ok := e.handOff(g.token, to, s.ownerCounts(e))
+	from, ok := e.handOff(g.token, to, s.ownerCounts(e), debug, label)
 	if !ok {
 		return false
 	}

@@ -32,12 +32,22 @@
 // once no context carrying the flow is reachable any more: a label costs
 // memory only while its flow can still make calls. Flows made with
 // [NewContext] and goroutines have no label and cost nothing more.
+//
+// Reachable means reachable to the garbage collector, and Go may collect
+// a context as soon as no code will use it again, even while the function
+// that made it still runs (a handler blocked after its last use of ctx).
+// [ID.Label] is then empty though the flow is alive. A holder of a label
+// that must outlive that reads it with [LabelOf] while it has the context
+// and keeps the string: fairlock does so for every call of a Locker with
+// debug on, so that a dump and a long-held warning show the label of a
+// flow that holds a lock and no longer touches its context.
 package owner
 
 import (
 	"context"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
@@ -79,11 +89,17 @@ func NewContext(parent context.Context) context.Context {
 // a rune boundary). An empty label makes a flow without one, as
 // NewContext does.
 //
-// It allocates two child contexts, the token they carry and the label's
-// entry in a process-wide table; the entry is deleted once no context
-// carrying the token is reachable (runtime.AddCleanup), so labels do not
-// outlive their flows. An error or Guard that outlives every such context
-// then shows the flow without its label. A nil parent panics, as
+// It allocates two child contexts, the token they carry, a copy of the
+// label (strings.Clone, so that a label cut from a large string does not
+// keep it reachable) and the label's entry in a process-wide table. The
+// entry, and so [ID.Label], is kept while a context carrying the token is
+// reachable to the garbage collector, and deleted after
+// (runtime.AddCleanup), so labels do not outlive their flows. What keeps
+// a label alive is the context, not the flow's calls: an error, or an ID,
+// that outlives every such context shows the flow without its label, and
+// so may a flow whose code still runs but no longer uses its context.
+// [LabelOf] reads the label from the context itself, for code that keeps
+// it (fairlock's debug records do, per call). A nil parent panics, as
 // context.WithValue does.
 func NewLabeledContext(parent context.Context, label string) context.Context {
 	id := ID(lastFlow.Add(1)) | flowBit
@@ -97,6 +113,7 @@ func NewLabeledContext(parent context.Context, label string) context.Context {
 		}
 		label = label[:n]
 	}
+	label = strings.Clone(label) // keep no larger string it was cut from
 	tok := &labeledToken{id: id, label: label}
 	labels.Store(id, label)
 	labelCount.Add(1)
@@ -147,6 +164,25 @@ func FromContext(ctx context.Context) (ID, bool) {
 	return id, ok
 }
 
+// LabelOf returns the label of the flow that ctx carries, as given to
+// [NewLabeledContext] (cut to [MaxLabel]), or "" if ctx carries no flow,
+// a flow without a label, or is nil. It reads the label from ctx itself,
+// not from the table behind [ID.Label], so it does not depend on when
+// the garbage collector finds the flow's contexts unreachable: a caller
+// that keeps the string keeps the label for as long as it needs it. A
+// flow forked from a labelled one with [NewContext] has no label. It
+// allocates nothing; like ctx.Value it walks ctx's chain of parents.
+func LabelOf(ctx context.Context) string {
+	id, ok := FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	if tok, _ := ctx.Value(labelKey{}).(*labeledToken); tok != nil && tok.id == id {
+		return tok.label
+	}
+	return ""
+}
+
 // Of returns the owner of a call made with ctx: its flow token if it carries
 // one, otherwise the calling goroutine's id. It never returns 0 and does
 // not allocate.
@@ -168,7 +204,8 @@ func Goroutine() ID {
 func (id ID) IsFlow() bool { return id&flowBit != 0 }
 
 // Label returns the label of a flow made with [NewLabeledContext], while
-// a context carrying it is reachable; "" for any other ID. It takes no
+// a context carrying it is reachable to the garbage collector (see
+// Labels in the package doc, and [LabelOf]); "" for any other ID. It takes no
 // lock and allocates nothing; while no flow has a label it reads one
 // atomic counter.
 func (id ID) Label() string {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/fairlock/fairlock/owner"
 	"go.uber.org/goleak"
@@ -192,5 +193,50 @@ func TestLabelIsDroppedWithItsFlow(t *testing.T) {
 	}
 	if got := id.String(); got != id.Name() {
 		t.Fatalf("String after the flow is gone = %q; want %q", got, id.Name())
+	}
+}
+
+// TestLabelOf: LabelOf reads a flow's label from its context, so code that
+// keeps the string keeps the label however long the flow's contexts stay
+// reachable; a fork, a plain flow, no flow and a nil ctx have none.
+func TestLabelOf(t *testing.T) {
+	ctx := owner.NewLabeledContext(context.Background(), "req-42")
+	if l := owner.LabelOf(ctx); l != "req-42" {
+		t.Fatalf("LabelOf(labelled ctx) = %q; want %q", l, "req-42")
+	}
+	child, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if l := owner.LabelOf(child); l != "req-42" {
+		t.Fatalf("LabelOf(child of labelled ctx) = %q; want %q", l, "req-42")
+	}
+	if l := owner.LabelOf(owner.NewContext(ctx)); l != "" {
+		t.Fatalf("LabelOf(fork of labelled ctx) = %q; want none", l)
+	}
+	if l := owner.LabelOf(owner.NewContext(context.Background())); l != "" {
+		t.Fatalf("LabelOf(unlabelled flow) = %q; want none", l)
+	}
+	if l := owner.LabelOf(context.Background()); l != "" {
+		t.Fatalf("LabelOf(Background) = %q; want none", l)
+	}
+	//lint:ignore SA1012 a nil ctx carries no flow: part of the contract
+	if l := owner.LabelOf(nil); l != "" {
+		t.Fatalf("LabelOf(nil) = %q; want none", l)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = owner.LabelOf(child) }); n != 0 {
+		t.Fatalf("LabelOf allocates %v times a call", n)
+	}
+}
+
+// TestLabelIsACopy: a label cut from a large string is a copy of its
+// bytes, so the label table does not keep the large string reachable.
+func TestLabelIsACopy(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	ctx := owner.NewLabeledContext(context.Background(), big)
+	l := owner.LabelOf(ctx)
+	if len(l) != owner.MaxLabel {
+		t.Fatalf("label of %d bytes kept as %d bytes", len(big), len(l))
+	}
+	if unsafe.StringData(l) == unsafe.StringData(big) {
+		t.Fatal("the label shares the bytes of the string it was cut from")
 	}
 }
