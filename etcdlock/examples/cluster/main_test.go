@@ -28,6 +28,9 @@ func TestDemo(t *testing.T) {
 	*rounds = 3
 	*ttl = 3 * time.Second // under -race on a loaded machine, a 2 s lease can miss its renewals
 	*run = "test"
+	// demo sets -endpoints to the embedded server it starts; a second run
+	// in this process (-count=2) must start its own, not dial the first's.
+	*endpoints = ""
 	if err := demo(); err != nil {
 		t.Fatal(err)
 	}
