@@ -27,6 +27,9 @@ func TestDemo(t *testing.T) {
 	*contend = time.Second
 	*rounds = 3
 	*run = "test"
+	// demo sets -addr to the redis-server it starts; a second run in this
+	// process (-count=2) must start its own, not dial the first's.
+	*addr = ""
 	if err := demo(); err != nil {
 		t.Fatal(err)
 	}
