@@ -15,7 +15,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-var errClosed = fairlock.ErrClosed
+// The calls that ask for a key (Lock, TryLock, RLock, TryRLock, Wait,
+// and the Semaphore's Acquire and TryAcquire through acquire), from their
+// start to their grant: enqueue the call's key (run), wait for its turn
+// (wait), or leave the queue (cancel).
 
 // errRequeue is run's internal signal that a queued call lost its key
 // (deleted by someone else, or its lease was abandoned) and must queue
@@ -220,7 +223,7 @@ func (l *Locker) finish(c *call, k kind, err error) {
 	l.calls--
 	remove := false
 	if err == nil && k == kindWait && c.state == held {
-		l.unwatchLocked(c)
+		l.hub.unwatchLocked(c)
 		delete(l.written, c)
 		c.state = released
 		l.grants--
@@ -232,7 +235,7 @@ func (l *Locker) finish(c *call, k kind, err error) {
 	l.signalIdle()
 	l.mu.Unlock()
 	if remove {
-		l.remove(c.name, c.rev)
+		l.janitor.remove(c.name, c.rev)
 	}
 }
 
@@ -241,7 +244,7 @@ func (l *Locker) finish(c *call, k kind, err error) {
 // key returns nil with nothing written), or the error the call fails
 // with, having deleted the call's key.
 func (l *Locker) run(ctx context.Context, c *call, k kind) error {
-	r := l.rangeOf(c.key)
+	r := rangeOf(l.root, c.key)
 	free := clientv3.Compare(clientv3.CreateRevision(r), "=", 0).WithPrefix()
 	listOpts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
@@ -253,11 +256,11 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
 	rounds := 0    // and how many ranges it has judged
 	for {
-		ls, err := l.leaseFor(ctx)
+		ls, err := l.leases.current(ctx)
 		if err != nil {
 			return err
 		}
-		name := l.newName(c.key, ls.id, c.claim)
+		name := newName(l.root, c.key, ls.id, l.seq.Add(1), c.claim)
 		put := clientv3.OpPut(name, l.value+c.owner.String(), clientv3.WithLease(ls.id))
 		var txn func(context.Context) (*clientv3.TxnResponse, error)
 		wrote := func(r *clientv3.TxnResponse) bool { return r.Succeeded }
@@ -288,10 +291,10 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 		resp, err := l.commit(ctx, name, txn, wrote)
 		if err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				l.leaseFailed(ls)
+				l.leases.failed(ls)
 				continue
 			}
-			return l.callError(ctx, err)
+			return callError(ctx, err)
 		}
 		if k == kindTry && !resp.Succeeded {
 			if exclusive {
@@ -343,7 +346,7 @@ func (l *Locker) run(ctx context.Context, c *call, k kind) error {
 		other := c.claim.otherSize(oldest) // a Semaphore of another size keeps the key
 		l.mu.Lock()
 		c.name, c.rev, c.lease = name, rev, ls
-		c.gone = l.lease != ls // abandoned while the key was written
+		c.gone = l.leases.cur != ls // abandoned while the key was written
 		l.written[c] = struct{}{}
 		l.mu.Unlock()
 		if other != 0 {
@@ -406,7 +409,7 @@ func (l *Locker) wait(ctx context.Context, c *call, ahead []string, complete boo
 			if step == subscribe && !c.gone {
 				// !ok: the hub cannot judge deletions after at; read
 				// again once news (its ready channel) says it is live.
-				ok, news = l.subscribeLocked(c, ahead, complete, at)
+				ok, news = l.hub.subscribeLocked(c, ahead, complete, at)
 			}
 			step = reread
 			if ok {
@@ -472,7 +475,7 @@ func (l *Locker) check(ctx context.Context, c *call) (ahead []string, complete b
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(l.closing, stop)()
-	resp, err := l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpGet(l.rangeOf(c.key),
+	resp, err := l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpGet(rangeOf(l.root, c.key),
 		clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(c.rev-1),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(c.claim)))).Commit()
 	if err != nil {
@@ -492,12 +495,12 @@ func (l *Locker) check(ctx context.Context, c *call) (ahead []string, complete b
 // deletes it if it is still there (its lease abandoned but alive).
 func (l *Locker) requeue(c *call) error {
 	l.mu.Lock()
-	l.unwatchLocked(c)
+	l.hub.unwatchLocked(c)
 	delete(l.written, c)
 	name, rev := c.name, c.rev
 	c.gone = false
 	l.mu.Unlock()
-	l.janitorAdd(name, rev)
+	l.janitor.add(name, rev)
 	return errRequeue
 }
 
@@ -506,7 +509,7 @@ func (l *Locker) requeue(c *call) error {
 // the key to the next call: the grant is never lost.
 func (l *Locker) cancel(c *call, err error) error {
 	l.mu.Lock()
-	l.unwatchLocked(c)
+	l.hub.unwatchLocked(c)
 	delete(l.written, c)
 	c.state = released
 	l.mu.Unlock()
@@ -514,6 +517,6 @@ func (l *Locker) cancel(c *call, err error) error {
 	// call has returned and every grant is released), on a context of its
 	// own bounded by cleanupTimeout: with etcd down a cancelled call
 	// returns after that bound, not at its ctx's end.
-	l.remove(c.name, c.rev)
+	l.janitor.remove(c.name, c.rev)
 	return err
 }

@@ -1,12 +1,13 @@
 package etcdlock
 
 import (
-	"slices"
 	"time"
 
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// The waiter record: what this process knows of one of its calls.
 
 // The states of a call. A call is queued from its start until it is
 // granted (held) or ends without a grant (released); a grant is held
@@ -71,8 +72,8 @@ func (c *call) signal() {
 }
 
 // loseLocked marks c's key gone; a held grant is lost: its Lost channel
-// closes. l.mu is held.
-func (l *Locker) loseLocked(c *call) {
+// closes. Locker.mu is held.
+func (c *call) loseLocked() {
 	c.gone = true
 	if c.state == held && !c.releasing {
 		c.closeLost()
@@ -85,18 +86,5 @@ func (c *call) closeLost() {
 	if !c.lostClosed {
 		c.lostClosed = true
 		close(c.lost)
-	}
-}
-
-// forgetLocked removes c from the local view of its key. l.mu is held.
-func (l *Locker) forgetLocked(c *call) {
-	cs := l.keys[c.key]
-	if i := slices.Index(cs, c); i >= 0 {
-		cs = slices.Delete(cs, i, i+1)
-	}
-	if len(cs) == 0 {
-		delete(l.keys, c.key)
-	} else {
-		l.keys[c.key] = cs
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"github.com/fairlock/fairlock/fairlock"
 )
 
+// What a Locker shows of itself: the counts an Observer's gauges read
+// (stats) and the state package debug lists (debugSource).
+
 // stats counts this process's held keys and queued calls, for an
 // Observer's gauges. It takes l.mu.
 func (l *Locker) stats() fairlock.Stats {

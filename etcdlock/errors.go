@@ -9,6 +9,10 @@ import (
 	"github.com/fairlock/fairlock/owner"
 )
 
+// Errors: the error values the package returns or passes between its
+// parts, and how a call's error is built (lockError, callError) and
+// classified for an Observer (resultOf).
+
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
 // that Guard.Unlock returns for a grant that was lost before it was
 // unlocked: its lease expired or was revoked, its key was deleted by
@@ -17,11 +21,24 @@ import (
 // written under the grant must be checked with its fencing token.
 var ErrLost = fairlock.ErrLost
 
+// errClosed is what a call on a closed Locker fails with, before it is
+// wrapped by lockError.
+var errClosed = fairlock.ErrClosed
+
 // lockError builds the error a call returns: a *fairlock.LockError naming
 // the operation, the key and the owner. Its message renders the key
 // quoted, control characters escaped.
 func lockError(op, key string, id owner.ID, err error) error {
 	return &fairlock.LockError{Op: op, Key: key, Owner: id, Err: err}
+}
+
+// callError is the error a call returns for err from etcd: the context's
+// (with its cause) if ctx is done, else err.
+func callError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctxerr.Of(ctx)
+	}
+	return err
 }
 
 // resultOf classifies a call's error for an Observer. A call that ended

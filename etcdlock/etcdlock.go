@@ -64,96 +64,20 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-const (
-	// startTimeout bounds New's lease grant and watch creation.
-	startTimeout = 10 * time.Second
-	// cleanupTimeout bounds a deletion made on a detached context (a
-	// cancelled waiter's key, Close's revoke), and how long an enqueueing
-	// transaction may go on after its call returned. A deletion that
-	// fails is retried in the background until it succeeds or the lease
-	// ends.
-	cleanupTimeout = 5 * time.Second
-)
+// startTimeout bounds New's lease grant and watch creation.
+const startTimeout = 10 * time.Second
 
 // lockers counts Lockers made, for default names.
 var lockers atomic.Int64
-
-// Locker is a fair, strict-FIFO keyed lock shared by every process that
-// makes one with the same etcd cluster and prefix. Make one with New; the
-// zero Locker is not usable. All methods are safe for concurrent use.
-//
-// A Locker holds one lease (renewed every third of its TTL while the
-// Locker is open), one watch on its prefix, and three goroutines: the
-// lease's renewal, the watch's dispatch, and a janitor that retries
-// deletions that failed; and, while they run, one goroutine per
-// enqueueing transaction and per abandoned lease being revoked, and two
-// per watch being opened or listing being read. Close stops them all.
-// While it has calls queued or held, a Locker whose watch has been
-// silent for a tenth of the TTL (0.3 to 1 s) asks the server for a
-// progress notification on it, a small message each way, and replaces a
-// watch that does not answer (hub.go: a member that stopped answering
-// without closing the connection).
-type Locker struct {
-	client  *clientv3.Client
-	prefix  string // as given to New
-	root    string // rootOf(prefix): every etcd key of the Locker starts with it
-	size    int64  // a Semaphore's units per key; 0 for a Locker
-	name    string
-	ttl     time.Duration // asked of the server: the option rounded up to whole seconds
-	logger  *slog.Logger
-	value   string // "host:pid ": the start of every key's value
-	obs     fairlock.LockerObserver
-	obsMu   sync.RWMutex // read-held around each report to obs; see Close
-	obsGone bool         // guarded by obsMu: Close unregistered obs
-	unreg   func()       // removes the Locker from the debug registry; nil without WithDebug
-
-	seq atomic.Uint64 // numbers the etcd keys this Locker writes
-
-	// Closing: an open Locker goes once through three stages, each
-	// marked by one context or channel that ends with it, in this order.
-	//  1. closing ends when Close begins (under mu): calls fail with
-	//     ErrClosed, queued calls leave the queue, reads and enqueueing
-	//     transactions in progress are given up.
-	//  2. bg ends once the calls have ended and the grants are released
-	//     (or Close's ctx ended): the lease loop, the watch loop and the
-	//     janitor stop, and with them background deletions and revokes.
-	//  3. closed is closed when the first Close returns: later Closes
-	//     return, and Unlock has no key left to delete.
-	closing    context.Context
-	beginClose context.CancelFunc // ends closing
-	bg         context.Context    // the background goroutines' context
-	stopBg     context.CancelFunc // ends bg
-	closed     chan struct{}
-	wg         sync.WaitGroup // the lease loop, the watch loop, the janitor
-
-	mu      sync.Mutex // guards everything below, and the calls' fields marked so
-	lease   *lease     // the current lease; nil while a new one is granted
-	leaseCh chan struct{}
-	keys    map[string][]*call // user key → this process's calls on it, in arrival order
-	written map[*call]struct{} // calls with an etcd key: queued or held
-	hub     hub                // the watch's dispatch state
-	janitor janitor            // etcd keys still to delete
-	calls   int                // calls in progress (Lock, TryLock, Wait, …)
-	grants  int                // grants not yet unlocked
-	pending int                // enqueueing transactions still running for a call that returned
-	idle    chan struct{}      // cap 1: signalled when calls, grants or pending drops
-	doubles int64              // Unlocks of a Guard already unlocked
-	reentry int64              // calls refused with ErrReentrant
-
-	watchCancel context.CancelFunc // ends the current watch (tests: PauseWatch)
-	watchGate   chan struct{}      // tests: the next watch starts once it is closed
-}
 
 // New returns a Locker whose keys live under prefix in the etcd cluster
 // that client talks to. Lockers in any number of processes that use the
@@ -195,46 +119,58 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 		cfg.logger = slog.Default()
 	}
 	host, _ := os.Hostname()
+	ttl := ttlSeconds(cfg.ttl)
 	l := &Locker{
 		client:  client,
 		prefix:  prefix,
 		root:    rootOf(prefix),
 		size:    size,
 		name:    cfg.name,
-		ttl:     ttlSeconds(cfg.ttl),
 		logger:  cfg.logger,
 		value:   host + ":" + strconv.Itoa(os.Getpid()) + " ",
 		closed:  make(chan struct{}),
-		leaseCh: make(chan struct{}),
 		keys:    make(map[string][]*call),
 		written: make(map[*call]struct{}),
-		janitor: janitor{keys: make(map[string]cleanup), kick: make(chan struct{}, 1)},
 		idle:    make(chan struct{}, 1),
 	}
-	l.hub.init()
 	l.closing, l.beginClose = context.WithCancel(context.Background())
 	l.bg, l.stopBg = context.WithCancel(context.WithoutCancel(client.Ctx()))
+	// The components, each given what it needs of the Locker.
+	l.leases = leaseKeeper{
+		mu: &l.mu, client: client, ttl: ttl, closing: l.closing, bg: l.bg, wg: &l.wg,
+		logger: l.logger, name: l.name, lost: l.loseLease,
+		ch: make(chan struct{}),
+	}
+	l.hub = hub{
+		mu: &l.mu, client: client, root: l.root, ttl: ttl, bg: l.bg, wg: &l.wg,
+		logger: l.logger, name: l.name, written: l.written,
+	}
+	l.hub.init()
+	l.janitor = janitor{
+		mu: &l.mu, client: client, bg: l.bg, wg: &l.wg, logger: l.logger, name: l.name,
+		keys: make(map[string]cleanup), kick: make(chan struct{}, 1),
+	}
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
 	defer cancel()
-	ls, err := l.grant(ctx)
+	ls, err := l.leases.grant(ctx)
 	if err != nil {
 		l.stopBg()
 		return nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}
-	l.lease = ls
-	close(l.leaseCh)
+	l.leases.cur = ls
+	close(l.leases.ch)
 	ready := l.hub.readyCh()
 	l.wg.Add(3)
-	go l.leaseLoop()
-	go l.watchLoop()
-	go l.janitorLoop()
+	go l.leases.loop()
+	go l.hub.watchLoop()
+	go l.janitor.loop()
 	select {
 	case <-ready:
 	case <-ctx.Done():
 		l.stopBg()
 		l.wg.Wait()
-		l.revoke(ls)
+		l.leases.revoke(ls)
 		return nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, l.root, ctx.Err())
 	}
 	if cfg.observer != nil {
@@ -261,9 +197,9 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	if ctx == nil {
 		panic("etcdlock: Locked with a nil context")
 	}
-	resp, err := l.client.Get(ctx, l.rangeOf(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := l.client.Get(ctx, rangeOf(l.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return false, lockError("Locked", key, owner.Of(ctx), l.callError(ctx, err))
+		return false, lockError("Locked", key, owner.Of(ctx), callError(ctx, err))
 	}
 	return resp.Count > 0, nil
 }
@@ -319,10 +255,10 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.wg.Wait()
 
 	l.mu.Lock()
-	ls := l.lease
-	l.lease = nil
+	ls := l.leases.cur
+	l.leases.cur = nil
 	for c := range l.written {
-		l.loseLocked(c)
+		c.loseLocked()
 	}
 	l.mu.Unlock()
 	// The revoke deletes every key of the lease; then a last try at
@@ -331,11 +267,11 @@ func (l *Locker) Close(ctx context.Context) error {
 	end, cancel := context.WithTimeout(context.WithoutCancel(l.client.Ctx()), cleanupTimeout)
 	defer cancel()
 	if ls != nil {
-		if err := l.revokeWith(end, ls); err != nil {
+		if err := l.leases.revokeWith(end, ls); err != nil {
 			errs = append(errs, fmt.Errorf("etcdlock: Close: revoke lease %x: %w", int64(ls.id), err))
 		}
 	}
-	l.sweep(end)
+	l.janitor.sweep(end)
 	if l.unreg != nil {
 		l.unreg()
 	}
@@ -371,21 +307,4 @@ func (l *Locker) waitIdle(ctx context.Context) int {
 			done, expired = nil, true
 		}
 	}
-}
-
-// signalIdle wakes a waiting Close. l.mu is held.
-func (l *Locker) signalIdle() {
-	select {
-	case l.idle <- struct{}{}:
-	default:
-	}
-}
-
-// callError is the error a call returns for err from etcd: the context's
-// (with its cause) if ctx is done, else err.
-func (l *Locker) callError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctxerr.Of(ctx)
-	}
-	return err
 }

@@ -144,7 +144,7 @@ func (g *Guard) Unlock(ctx context.Context) error {
 		var resp *clientv3.TxnResponse
 		resp, err = l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpDelete(c.name)).Commit()
 		if err != nil {
-			l.janitorAdd(c.name, c.rev)
+			l.janitor.add(c.name, c.rev)
 		} else {
 			gone = !resp.Succeeded
 		}
@@ -158,7 +158,7 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	if lostToo {
 		gone = true
 	}
-	l.unwatchLocked(c)
+	l.hub.unwatchLocked(c)
 	delete(l.written, c)
 	l.forgetLocked(c)
 	c.state = released
@@ -178,9 +178,9 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	}
 	switch {
 	case lostToo:
-		return lockError("Unlock", c.key, c.owner, fmt.Errorf("%w; deleting its key failed: %w", ErrLost, l.callError(ctx, err)))
+		return lockError("Unlock", c.key, c.owner, fmt.Errorf("%w; deleting its key failed: %w", ErrLost, callError(ctx, err)))
 	case err != nil:
-		return lockError("Unlock", c.key, c.owner, l.callError(ctx, err))
+		return lockError("Unlock", c.key, c.owner, callError(ctx, err))
 	case lostBefore || gone:
 		return lockError("Unlock", c.key, c.owner, ErrLost)
 	}

@@ -3,9 +3,11 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,8 +66,21 @@ type deletion struct {
 	rev int64
 }
 
-// hub is the dispatch state. It is guarded by Locker.mu.
+// hub keeps the Locker's watch (watchLoop) and dispatches its deletions
+// to the calls subscribed to them. New sets the fields that come from the
+// Locker; they do not change after (written is the Locker's own map, read
+// under mu). The dispatch state below them is guarded by mu.
 type hub struct {
+	mu      *sync.Mutex // the Locker's mu
+	client  *clientv3.Client
+	root    string          // the Locker's rootOf(prefix): the prefix watched
+	ttl     time.Duration   // the Locker's lease TTL, which sets probeBound
+	bg      context.Context // the Locker's background context: ends watchLoop
+	wg      *sync.WaitGroup // the Locker's background goroutines
+	logger  *slog.Logger
+	name    string             // the Locker's name, for the log
+	written map[*call]struct{} // the Locker's calls with an etcd key (Locker.written)
+
 	started bool               // the first watch was created
 	live    bool               // the watch is established and dispatching
 	ready   chan struct{}      // closed while live; replaced when the watch ends
@@ -73,6 +88,9 @@ type hub struct {
 	recent  map[string]int64   // deleted key → revision, for revisions > from
 	order   []deletion         // recent, oldest first, for eviction
 	watched map[string][]*call // etcd key → calls that wait for its deletion or own it
+
+	watchCancel context.CancelFunc // ends the current watch (tests: PauseWatch)
+	watchGate   chan struct{}      // tests: the next watch starts once it is closed
 }
 
 func (h *hub) init() {
@@ -88,13 +106,12 @@ func (h *hub) readyCh() <-chan struct{} { return h.ready }
 // (all of them if complete) and of its own key, as read at revision at.
 // It reports false, with the channel to wait on before reading again, if
 // the hub cannot judge deletions after at. It wakes c at once if every
-// key ahead is already gone or its own key is. l.mu is held.
-func (l *Locker) subscribeLocked(c *call, ahead []string, complete bool, at int64) (bool, <-chan struct{}) {
-	h := &l.hub
+// key ahead is already gone or its own key is. h.mu is held.
+func (h *hub) subscribeLocked(c *call, ahead []string, complete bool, at int64) (bool, <-chan struct{}) {
 	if !h.live || at < h.from {
 		return false, h.ready
 	}
-	l.unwatchAheadLocked(c)
+	h.unwatchAheadLocked(c)
 	c.complete = complete
 	for _, k := range ahead {
 		if r, ok := h.recent[k]; ok && r > at {
@@ -110,7 +127,7 @@ func (l *Locker) subscribeLocked(c *call, ahead []string, complete bool, at int6
 	}
 	if !c.ownWatched {
 		if r, ok := h.recent[c.name]; ok && r > at {
-			l.loseLocked(c)
+			c.loseLocked()
 		} else {
 			h.watched[c.name] = append(h.watched[c.name], c)
 			c.ownWatched = true
@@ -122,20 +139,20 @@ func (l *Locker) subscribeLocked(c *call, ahead []string, complete bool, at int6
 	return true, nil
 }
 
-// unwatchAheadLocked removes c's subscriptions to keys ahead. l.mu is held.
-func (l *Locker) unwatchAheadLocked(c *call) {
+// unwatchAheadLocked removes c's subscriptions to keys ahead. h.mu is held.
+func (h *hub) unwatchAheadLocked(c *call) {
 	for _, k := range c.aheadKeys {
-		l.hub.drop(k, c)
+		h.drop(k, c)
 	}
 	c.aheadKeys = c.aheadKeys[:0]
 	c.weight = total{}
 }
 
-// unwatchLocked removes every subscription of c. l.mu is held.
-func (l *Locker) unwatchLocked(c *call) {
-	l.unwatchAheadLocked(c)
+// unwatchLocked removes every subscription of c. h.mu is held.
+func (h *hub) unwatchLocked(c *call) {
+	h.unwatchAheadLocked(c)
 	if c.ownWatched {
-		l.hub.drop(c.name, c)
+		h.drop(c.name, c)
 		c.ownWatched = false
 	}
 }
@@ -153,10 +170,9 @@ func (h *hub) drop(k string, c *call) {
 	}
 }
 
-// deletedLocked dispatches the deletion of key at revision rev. l.mu is
+// deletedLocked dispatches the deletion of key at revision rev. h.mu is
 // held.
-func (l *Locker) deletedLocked(key string, rev int64) {
-	h := &l.hub
+func (h *hub) deletedLocked(key string, rev int64) {
 	h.recent[key] = rev
 	h.order = append(h.order, deletion{key, rev})
 	if len(h.order) > recentCap {
@@ -178,7 +194,7 @@ func (l *Locker) deletedLocked(key string, rev int64) {
 	for _, c := range cs {
 		if key == c.name {
 			c.ownWatched = false
-			l.loseLocked(c)
+			c.loseLocked()
 			continue
 		}
 		if i := slices.Index(c.aheadKeys, key); i >= 0 {
@@ -234,33 +250,33 @@ var errWatchStalled = errors.New("etcdlock: the watch did not answer in time")
 var watchSeq atomic.Uint64
 
 // watchLoop keeps the Locker's watch on its prefix and dispatches
-// deletions until l.bg ends. It runs in its own goroutine.
-func (l *Locker) watchLoop() {
-	defer l.wg.Done()
+// deletions until h.bg ends. It runs in its own goroutine.
+func (h *hub) watchLoop() {
+	defer h.wg.Done()
 	retry := newBackoff()
-	base := probeBound(l.ttl)
+	base := probeBound(h.ttl)
 	bound := base
-	for l.bg.Err() == nil {
-		l.mu.Lock()
-		gate := l.watchGate
-		l.watchGate = nil
-		l.mu.Unlock()
+	for h.bg.Err() == nil {
+		h.mu.Lock()
+		gate := h.watchGate
+		h.watchGate = nil
+		h.mu.Unlock()
 		if gate != nil {
 			select {
 			case <-gate:
-			case <-l.bg.Done():
+			case <-h.bg.Done():
 				return
 			}
 		}
-		parent, cancel := context.WithCancel(l.bg)
-		l.mu.Lock()
-		l.watchCancel = cancel
-		l.mu.Unlock()
-		ctx, wch, ok := l.openWatch(parent, bound)
+		parent, cancel := context.WithCancel(h.bg)
+		h.mu.Lock()
+		h.watchCancel = cancel
+		h.mu.Unlock()
+		ctx, wch, ok := h.openWatch(parent, bound)
 		err := parent.Err()
 		switch {
 		case ok:
-			err = l.serveWatch(ctx, wch, retry, &bound, base)
+			err = h.serveWatch(ctx, wch, retry, &bound, base)
 		case err == nil:
 			err = errWatchStalled // not created within bound
 		}
@@ -269,13 +285,13 @@ func (l *Locker) watchLoop() {
 			for range wch { // drain, so the watcher's goroutines can exit
 			}
 		}
-		l.mu.Lock()
-		if l.hub.live {
-			l.hub.live = false
-			l.hub.ready = make(chan struct{})
+		h.mu.Lock()
+		if h.live {
+			h.live = false
+			h.ready = make(chan struct{})
 		}
-		l.mu.Unlock()
-		if l.bg.Err() != nil {
+		h.mu.Unlock()
+		if h.bg.Err() != nil {
 			return
 		}
 		stalled := errors.Is(err, errWatchStalled)
@@ -283,13 +299,13 @@ func (l *Locker) watchLoop() {
 			bound = min(bound+base, cleanupTimeout)
 		}
 		if err != nil {
-			l.logger.Warn("etcdlock: watch ended; restarting it", "locker", l.name, "prefix", l.root, "error", err)
+			h.logger.Warn("etcdlock: watch ended; restarting it", "locker", h.name, "prefix", h.root, "error", err)
 		} else {
-			l.logger.Info("etcdlock: watch closed; restarting it", "locker", l.name, "prefix", l.root)
+			h.logger.Info("etcdlock: watch closed; restarting it", "locker", h.name, "prefix", h.root)
 		}
 		// A watch that did not answer has had its wait: the next goes
 		// out at once, on another connection.
-		if !stalled && !retry.wait(l.bg) {
+		if !stalled && !retry.wait(h.bg) {
 			return
 		}
 	}
@@ -305,7 +321,7 @@ const watchHedge = 2
 // go out on two connections of a client that has several (round-robin),
 // so one member that does not answer cannot hold up the new watch. It
 // returns false if none was created in time or parent ended.
-func (l *Locker) openWatch(parent context.Context, bound time.Duration) (context.Context, clientv3.WatchChan, bool) {
+func (h *hub) openWatch(parent context.Context, bound time.Duration) (context.Context, clientv3.WatchChan, bool) {
 	type attempt struct {
 		i   int
 		ctx context.Context
@@ -321,7 +337,7 @@ func (l *Locker) openWatch(parent context.Context, bound time.Duration) (context
 		go func() {
 			// Watch returns once the server has created the watch, or
 			// at once when ctx ends.
-			opened <- attempt{i, ctx, l.client.Watch(ctx, l.root, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())}
+			opened <- attempt{i, ctx, h.client.Watch(ctx, h.root, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())}
 		}()
 	}
 	endAll := func(except int) {
@@ -362,7 +378,7 @@ func (l *Locker) openWatch(parent context.Context, bound time.Duration) (context
 // fails to answer within *bound (see above), and returns why: nil if the
 // channel closed, else the watch's error or errWatchStalled. An answered
 // progress request resets *bound to base.
-func (l *Locker) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *backoff, bound *time.Duration, base time.Duration) error {
+func (h *hub) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *backoff, bound *time.Duration, base time.Duration) error {
 	tick := time.NewTicker(*bound / 4)
 	defer tick.Stop()
 	heard := time.Now()
@@ -381,32 +397,32 @@ func (l *Locker) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *
 				return err
 			}
 			if resp.Created {
-				if err := l.goLive(ctx, resp.Header.Revision, bound, base); err != nil {
+				if err := h.goLive(ctx, resp.Header.Revision, bound, base); err != nil {
 					return err
 				}
 				retry.reset()
 				heard = time.Now()
 				continue
 			}
-			l.mu.Lock()
+			h.mu.Lock()
 			for _, ev := range resp.Events {
 				if ev.Type == mvccpb.DELETE {
-					l.deletedLocked(string(ev.Kv.Key), ev.Kv.ModRevision)
+					h.deletedLocked(string(ev.Kv.Key), ev.Kv.ModRevision)
 				}
 			}
-			l.mu.Unlock()
+			h.mu.Unlock()
 		case now := <-tick.C:
 			switch {
 			case !asked.IsZero():
 				if now.Sub(asked) >= *bound {
 					return errWatchStalled
 				}
-			case now.Sub(heard) >= *bound && l.busy():
+			case now.Sub(heard) >= *bound && h.busy():
 				// The request goes out on the watch's own stream; it
 				// only waits for the stream's sender, bounded all the
 				// same.
 				rctx, cancel := context.WithTimeout(ctx, *bound)
-				err := l.client.RequestProgress(rctx)
+				err := h.client.RequestProgress(rctx)
 				cancel()
 				if err != nil && ctx.Err() == nil {
 					return errWatchStalled
@@ -419,38 +435,37 @@ func (l *Locker) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *
 
 // busy reports whether this process has a call queued or held: whether a
 // silent watch could be keeping one from its turn or its Lost.
-func (l *Locker) busy() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.written) > 0
+func (h *hub) busy() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.written) > 0
 }
 
 // goLive makes the hub live on a watch created at revision w. The first
 // time, nothing was subscribed; later, it rebuilds the subscriptions that
 // the ended watch served from a listing of the prefix read after w (see
 // list).
-func (l *Locker) goLive(ctx context.Context, w int64, bound *time.Duration, base time.Duration) error {
-	l.mu.Lock()
-	first := !l.hub.started
-	l.mu.Unlock()
+func (h *hub) goLive(ctx context.Context, w int64, bound *time.Duration, base time.Duration) error {
+	h.mu.Lock()
+	first := !h.started
+	h.mu.Unlock()
 	var kvs []*mvccpb.KeyValue
 	if !first {
 		// Listed while the watch is not read: no deletion is dispatched
 		// before the subscriptions it concerns are rebuilt.
 		var err error
-		if kvs, err = l.list(ctx, bound, base); err != nil {
+		if kvs, err = h.list(ctx, bound, base); err != nil {
 			return err
 		}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	h := &l.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.started = true
 	h.from = w
 	clear(h.recent)
 	h.order = h.order[:0]
 	if !first {
-		l.rebuildLocked(kvs)
+		h.rebuildLocked(kvs)
 	}
 	h.live = true
 	close(h.ready)
@@ -461,7 +476,7 @@ func (l *Locker) goLive(ctx context.Context, w int64, bound *time.Duration, base
 // once (on as many of the client's connections), the first answer wins.
 // The reads are bounded by *bound, which grows by base after a round
 // that ran out of it; it tries three rounds.
-func (l *Locker) list(ctx context.Context, bound *time.Duration, base time.Duration) ([]*mvccpb.KeyValue, error) {
+func (h *hub) list(ctx context.Context, bound *time.Duration, base time.Duration) ([]*mvccpb.KeyValue, error) {
 	type result struct {
 		resp *clientv3.GetResponse
 		err  error
@@ -472,7 +487,7 @@ func (l *Locker) list(ctx context.Context, bound *time.Duration, base time.Durat
 		got := make(chan result, watchHedge)
 		for range watchHedge {
 			go func() {
-				resp, err := l.client.Get(lctx, l.root, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+				resp, err := h.client.Get(lctx, h.root, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 				got <- result{resp, err}
 			}()
 		}
@@ -502,11 +517,10 @@ func (l *Locker) list(ctx context.Context, bound *time.Duration, base time.Durat
 // rebuildLocked resubscribes, from a listing of the prefix, every call
 // that was subscribed when the previous watch ended (its own key is
 // watched). Calls that subscribe later read etcd themselves: the hub
-// refuses them until it is live again. l.mu is held.
-func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
-	h := &l.hub
+// refuses them until it is live again. h.mu is held.
+func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
 	var subscribed []*call
-	for c := range l.written {
+	for c := range h.written {
 		if c.ownWatched {
 			subscribed = append(subscribed, c)
 		}
@@ -521,7 +535,7 @@ func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 	}
 	for _, c := range subscribed {
 		if created[c.name] != c.rev {
-			l.loseLocked(c)
+			c.loseLocked()
 			continue
 		}
 		h.watched[c.name] = append(h.watched[c.name], c)
@@ -529,7 +543,7 @@ func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		if c.state != queued {
 			continue
 		}
-		r := l.rangeOf(c.key)
+		r := rangeOf(h.root, c.key)
 		for _, kv := range kvs {
 			if kv.CreateRevision < c.rev && strings.HasPrefix(string(kv.Key), r) {
 				k := string(kv.Key)
@@ -546,31 +560,5 @@ func (l *Locker) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		if c.ready() {
 			c.signal()
 		}
-	}
-}
-
-// backoff paces retries: 50 ms doubling to 1 s.
-type backoff struct{ d time.Duration }
-
-func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
-
-func (b *backoff) reset() { b.d = 50 * time.Millisecond }
-
-// next returns the current delay and doubles it.
-func (b *backoff) next() time.Duration {
-	d := b.d
-	b.d = min(2*b.d, time.Second)
-	return d
-}
-
-// wait sleeps for the next delay; it reports false if ctx ended first.
-func (b *backoff) wait(ctx context.Context) bool {
-	t := time.NewTimer(b.next())
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

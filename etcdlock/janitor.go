@@ -2,6 +2,8 @@ package etcdlock
 
 import (
 	"context"
+	"log/slog"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,10 +17,19 @@ import (
 // the lease, which deletes whatever is left; if etcd is unreachable even
 // then, the lease expires within its TTL since nobody renews it.
 
-// janitor is what a Locker keeps for its janitor.
+// janitor deletes a Locker's keys: at once (remove), else in the
+// background (add, loop). New sets the fields that come from the Locker;
+// they do not change after.
 type janitor struct {
-	keys map[string]cleanup // guarded by Locker.mu: etcd key → how to delete it
-	kick chan struct{}      // cap 1: wakes janitorLoop
+	mu     *sync.Mutex // the Locker's mu: guards keys
+	client *clientv3.Client
+	bg     context.Context // the Locker's background context: ends the loop
+	wg     *sync.WaitGroup // the Locker's background goroutines
+	logger *slog.Logger
+	name   string // the Locker's name, for the log
+
+	keys map[string]cleanup // guarded by mu: etcd key → how to delete it
+	kick chan struct{}      // cap 1: wakes loop
 }
 
 // cleanup is a key the janitor deletes.
@@ -31,62 +42,62 @@ type cleanup struct {
 // janitor keeps deleting its key, in case the write is applied late.
 const unknownGrace = time.Minute
 
-// janitorAdd records that name must be deleted (if its creation revision
-// is rev, or whatever it is for rev 0) and wakes the janitor.
-func (l *Locker) janitorAdd(name string, rev int64) {
+// add records that name must be deleted (if its creation revision is
+// rev, or whatever it is for rev 0) and wakes the janitor.
+func (j *janitor) add(name string, rev int64) {
 	c := cleanup{rev: rev}
 	if rev == 0 {
 		c.until = time.Now().Add(unknownGrace)
 	}
-	l.mu.Lock()
-	l.janitor.keys[name] = c
-	l.mu.Unlock()
+	j.mu.Lock()
+	j.keys[name] = c
+	j.mu.Unlock()
 	select {
-	case l.janitor.kick <- struct{}{}:
+	case j.kick <- struct{}{}:
 	default:
 	}
 }
 
-// janitorLoop retries recorded deletions every second while there are
-// some, until l.bg ends. It runs in its own goroutine.
-func (l *Locker) janitorLoop() {
-	defer l.wg.Done()
+// loop retries recorded deletions every second while there are some,
+// until j.bg ends. It runs in its own goroutine.
+func (j *janitor) loop() {
+	defer j.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
-		case <-l.janitor.kick:
+		case <-j.kick:
 		case <-t.C:
-		case <-l.bg.Done():
+		case <-j.bg.Done():
 			return
 		}
-		l.sweep(l.bg)
+		j.sweep(j.bg)
 	}
 }
 
 // sweep tries every recorded deletion once, until ctx ends: Close's
 // stopping of the janitor ends a sweep in progress, and its own last
 // sweep shares one bound with the lease's revoke.
-func (l *Locker) sweep(ctx context.Context) {
-	l.mu.Lock()
-	todo := make(map[string]cleanup, len(l.janitor.keys))
-	for k, c := range l.janitor.keys {
+func (j *janitor) sweep(ctx context.Context) {
+	j.mu.Lock()
+	todo := make(map[string]cleanup, len(j.keys))
+	for k, c := range j.keys {
 		todo[k] = c
 	}
-	l.mu.Unlock()
+	j.mu.Unlock()
 	for name, c := range todo {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := l.deleteKey(ctx, name, c.rev); err != nil {
+		if err := j.deleteKey(ctx, name, c.rev); err != nil {
 			continue
 		}
 		if c.until.IsZero() || time.Now().After(c.until) {
-			l.mu.Lock()
-			if l.janitor.keys[name] == c {
-				delete(l.janitor.keys, name)
+			j.mu.Lock()
+			if j.keys[name] == c {
+				delete(j.keys, name)
 			}
-			l.mu.Unlock()
+			j.mu.Unlock()
 		}
 	}
 }
@@ -94,14 +105,14 @@ func (l *Locker) sweep(ctx context.Context) {
 // deleteKey deletes name if its creation revision is rev (any, for rev
 // 0), bounded by ctx and by cleanupTimeout. A key that is already gone is
 // not an error.
-func (l *Locker) deleteKey(ctx context.Context, name string, rev int64) error {
+func (j *janitor) deleteKey(ctx context.Context, name string, rev int64) error {
 	dctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	cmp := clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(name), ">", 0)
 	}
-	_, err := l.client.Txn(dctx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
+	_, err := j.client.Txn(dctx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
 	return err
 }
 
@@ -110,12 +121,12 @@ func (l *Locker) deleteKey(ctx context.Context, name string, rev int64) error {
 // the failure mode of etcd-io/etcd#18082), and hands it to the janitor if
 // that fails. Close ends the background context once calls have ended;
 // its revoke and last sweep then take over.
-func (l *Locker) remove(name string, rev int64) {
-	if err := l.deleteKey(l.bg, name, rev); err != nil {
-		if l.bg.Err() == nil {
-			l.logger.Warn("etcdlock: could not delete a key; retrying in the background",
-				"locker", l.name, "key", logName(name), "error", err)
+func (j *janitor) remove(name string, rev int64) {
+	if err := j.deleteKey(j.bg, name, rev); err != nil {
+		if j.bg.Err() == nil {
+			j.logger.Warn("etcdlock: could not delete a key; retrying in the background",
+				"locker", j.name, "key", logName(name), "error", err)
 		}
-		l.janitorAdd(name, rev)
+		j.add(name, rev)
 	}
 }

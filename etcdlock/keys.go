@@ -119,19 +119,21 @@ func logName(name string) string {
 // with exactly one trailing '/'.
 func rootOf(prefix string) string { return strings.TrimRight(prefix, "/") + "/" }
 
-// rangeOf returns the etcd key prefix under which key's calls queue.
-func (l *Locker) rangeOf(key string) string { return l.root + escapeKey(key) + "/" }
+// rangeOf returns the etcd key prefix under which key's calls queue, for
+// a Locker whose keys start with root (rootOf).
+func rangeOf(root, key string) string { return root + escapeKey(key) + "/" }
 
-// newName returns a fresh etcd key for a call on key under lease id that
-// asks for c.
-func (l *Locker) newName(key string, id clientv3.LeaseID, c claim) string {
+// newName returns the etcd key, under root (rootOf), of a call on key
+// under lease id that asks for c; n is the call's number, unique in its
+// Locker (Locker.seq), so the name is fresh.
+func newName(root, key string, id clientv3.LeaseID, n uint64, c claim) string {
 	var b strings.Builder
-	r := l.rangeOf(key)
+	r := rangeOf(root, key)
 	b.Grow(len(r) + 34)
 	b.WriteString(r)
 	b.WriteString(strconv.FormatUint(uint64(id), 16))
 	b.WriteByte('-')
-	b.WriteString(strconv.FormatUint(l.seq.Add(1), 16))
+	b.WriteString(strconv.FormatUint(n, 16))
 	switch {
 	case c.size > 0:
 		b.WriteString("-u")

@@ -3,6 +3,8 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
@@ -40,12 +42,34 @@ import (
 // server is reachable, else when it expires), and the loop grants a new
 // lease for later calls: the Locker does not die with its session.
 
+// leaseKeeper keeps a Locker's lease: it grants it, renews it, and
+// replaces it when it is lost (loop), and gives calls the current one
+// (current). New sets the fields that come from the Locker; they do not
+// change after.
+type leaseKeeper struct {
+	mu      *sync.Mutex // the Locker's mu: guards cur and ch, and each lease's dead and abandoned
+	client  *clientv3.Client
+	ttl     time.Duration   // asked of the server: the option rounded up to whole seconds
+	closing context.Context // the Locker's: ends when Close begins
+	bg      context.Context // the Locker's background context: ends the loop
+	wg      *sync.WaitGroup // the Locker's background goroutines
+	logger  *slog.Logger
+	name    string // the Locker's name, for the log
+
+	// lost is called, with mu held, when the loop abandons ls: the
+	// Locker loses the calls written with it (Locker.loseLease).
+	lost func(ls *lease)
+
+	cur *lease        // guarded by mu: the current lease; nil while a new one is granted
+	ch  chan struct{} // guarded by mu: closed once cur is set
+}
+
 // lease is one etcd lease of a Locker.
 type lease struct {
 	id   clientv3.LeaseID
 	ttl  time.Duration // as granted by the server
 	sent time.Time     // when the Grant was sent: the first deadline's start
-	kill chan struct{} // closed by leaseFailed: abandon the lease now
+	kill chan struct{} // closed by leaseKeeper.failed: abandon the lease now
 	dead bool          // guarded by Locker.mu: kill is closed
 
 	// abandoned is guarded by Locker.mu: the Locker gave the lease up (a
@@ -63,27 +87,27 @@ func renewBound(ttl time.Duration) time.Duration {
 }
 
 // grant asks the server for a new lease.
-func (l *Locker) grant(ctx context.Context) (*lease, error) {
+func (k *leaseKeeper) grant(ctx context.Context) (*lease, error) {
 	sent := time.Now()
-	resp, err := l.client.Grant(ctx, int64(l.ttl/time.Second))
+	resp, err := k.client.Grant(ctx, int64(k.ttl/time.Second))
 	if err != nil {
 		return nil, err
 	}
 	return &lease{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, sent: sent, kill: make(chan struct{})}, nil
 }
 
-// leaseFor returns the lease a call should write with, waiting for a new
+// current returns the lease a call should write with, waiting for a new
 // one while the last is being replaced. It fails with the context's error
 // or ErrClosed.
-func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
+func (k *leaseKeeper) current(ctx context.Context) (*lease, error) {
 	for {
-		l.mu.Lock()
-		if l.closing.Err() != nil {
-			l.mu.Unlock()
+		k.mu.Lock()
+		if k.closing.Err() != nil {
+			k.mu.Unlock()
 			return nil, errClosed
 		}
-		ls, ch := l.lease, l.leaseCh
-		l.mu.Unlock()
+		ls, ch := k.cur, k.ch
+		k.mu.Unlock()
 		if ls != nil {
 			return ls, nil
 		}
@@ -91,95 +115,91 @@ func (l *Locker) leaseFor(ctx context.Context) (*lease, error) {
 		case <-ch:
 		case <-ctx.Done():
 			return nil, ctxerr.Of(ctx)
-		case <-l.closing.Done():
+		case <-k.closing.Done():
 			return nil, errClosed
 		}
 	}
 }
 
-// leaseFailed makes the lease loop abandon ls now: a write with it found
-// it gone. Calls wait for the next lease from here on.
-func (l *Locker) leaseFailed(ls *lease) {
-	l.mu.Lock()
+// failed makes the lease loop abandon ls now: a write with it found it
+// gone. Calls wait for the next lease from here on.
+func (k *leaseKeeper) failed(ls *lease) {
+	k.mu.Lock()
 	if !ls.dead {
 		ls.dead = true
 		close(ls.kill)
 	}
 	ls.abandoned = true
-	if l.lease == ls {
-		l.lease = nil
-		l.leaseCh = make(chan struct{})
+	if k.cur == ls {
+		k.cur = nil
+		k.ch = make(chan struct{})
 	}
-	l.mu.Unlock()
+	k.mu.Unlock()
 }
 
-// leaseLoop renews the Locker's lease and replaces it when it is lost,
-// until l.bg ends. It runs in its own goroutine.
-func (l *Locker) leaseLoop() {
-	defer l.wg.Done()
-	l.mu.Lock()
-	ls := l.lease
-	l.mu.Unlock()
+// loop renews the Locker's lease and replaces it when it is lost, until
+// k.bg ends. It runs in its own goroutine.
+func (k *leaseKeeper) loop() {
+	defer k.wg.Done()
+	k.mu.Lock()
+	ls := k.cur
+	k.mu.Unlock()
 	for {
-		why := l.keepAlive(ls)
-		if l.bg.Err() != nil {
+		why := k.keepAlive(ls)
+		if k.bg.Err() != nil {
 			return
 		}
-		l.logger.Warn("etcdlock: lease lost; its grants are lost, its queued calls queue again under a new lease",
-			"locker", l.name, "lease", int64(ls.id), "reason", why)
-		l.mu.Lock()
+		k.logger.Warn("etcdlock: lease lost; its grants are lost, its queued calls queue again under a new lease",
+			"locker", k.name, "lease", int64(ls.id), "reason", why)
+		k.mu.Lock()
 		ls.abandoned = true
-		if l.lease == ls {
-			l.lease = nil
-			l.leaseCh = make(chan struct{})
+		if k.cur == ls {
+			k.cur = nil
+			k.ch = make(chan struct{})
 		}
-		for c := range l.written {
-			if c.lease == ls {
-				l.loseLocked(c)
-			}
-		}
-		l.mu.Unlock()
+		k.lost(ls)
+		k.mu.Unlock()
 		old := ls
-		l.wg.Add(1)
+		k.wg.Add(1)
 		go func() {
-			defer l.wg.Done()
-			l.revokeAbandoned(old)
+			defer k.wg.Done()
+			k.revokeAbandoned(old)
 		}()
 		retry := newBackoff()
 		// Each Grant attempt is bounded, from twice renewBound doubling
 		// to cleanupTimeout: one that went to a member that no longer
 		// answers is retried, on the client's next connection, soon; a
 		// slow quorum gets longer each time.
-		bound := 2 * renewBound(l.ttl)
+		bound := 2 * renewBound(k.ttl)
 		for {
-			ctx, cancel := context.WithTimeout(l.bg, bound)
-			next, err := l.grant(ctx)
+			ctx, cancel := context.WithTimeout(k.bg, bound)
+			next, err := k.grant(ctx)
 			cancel()
 			if err == nil {
 				ls = next
 				break
 			}
-			if l.bg.Err() != nil {
+			if k.bg.Err() != nil {
 				return
 			}
-			l.logger.Warn("etcdlock: lease grant failed; retrying", "locker", l.name, "error", err)
+			k.logger.Warn("etcdlock: lease grant failed; retrying", "locker", k.name, "error", err)
 			bound = min(2*bound, cleanupTimeout)
-			if !retry.wait(l.bg) {
+			if !retry.wait(k.bg) {
 				return
 			}
 		}
-		l.mu.Lock()
-		l.lease = ls
-		close(l.leaseCh)
-		l.mu.Unlock()
+		k.mu.Lock()
+		k.cur = ls
+		close(k.ch)
+		k.mu.Unlock()
 	}
 }
 
-// keepAlive renews ls until it is lost, and says why; or until l.bg ends.
+// keepAlive renews ls until it is lost, and says why; or until k.bg ends.
 // It wakes for the next renewal or for the deadline, whichever is first,
 // so that the lease is given up at its deadline, not a retry later. Each
 // attempt is bounded by renewBound and by the deadline.
-func (l *Locker) keepAlive(ls *lease) string {
+func (k *leaseKeeper) keepAlive(ls *lease) string {
 	deadline := ls.sent.Add(ls.ttl - ls.ttl/10)
 	next := ls.sent.Add(ls.ttl / 3)
 	bound := renewBound(ls.ttl)
@@ -192,7 +212,7 @@ func (l *Locker) keepAlive(ls *lease) string {
 		case <-t.C:
 		case <-ls.kill:
 			return "a write found it gone"
-		case <-l.bg.Done():
+		case <-k.bg.Done():
 			return ""
 		}
 		now := time.Now()
@@ -206,8 +226,8 @@ func (l *Locker) keepAlive(ls *lease) string {
 		if deadline.Before(end) {
 			end = deadline
 		}
-		ctx, cancel := context.WithDeadline(l.bg, end)
-		resp, err := l.renew(ctx, ls.id, hedge)
+		ctx, cancel := context.WithDeadline(k.bg, end)
+		resp, err := k.renew(ctx, ls.id, hedge)
 		cancel()
 		switch {
 		case err == nil && resp.TTL > 0:
@@ -234,9 +254,9 @@ func (l *Locker) keepAlive(ls *lease) string {
 // settles it: a renewal, or the server's word that the lease is gone;
 // else, once all have failed, the last error. It cancels and waits for
 // the others.
-func (l *Locker) renew(ctx context.Context, id clientv3.LeaseID, n int) (*clientv3.LeaseKeepAliveResponse, error) {
+func (k *leaseKeeper) renew(ctx context.Context, id clientv3.LeaseID, n int) (*clientv3.LeaseKeepAliveResponse, error) {
 	if n <= 1 {
-		return l.client.KeepAliveOnce(ctx, id)
+		return k.client.KeepAliveOnce(ctx, id)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -247,7 +267,7 @@ func (l *Locker) renew(ctx context.Context, id clientv3.LeaseID, n int) (*client
 	got := make(chan result, n)
 	for range n {
 		go func() {
-			resp, err := l.client.KeepAliveOnce(ctx, id)
+			resp, err := k.client.KeepAliveOnce(ctx, id)
 			got <- result{resp, err}
 		}()
 	}
@@ -275,16 +295,16 @@ func (l *Locker) renew(ctx context.Context, id clientv3.LeaseID, n int) (*client
 // retries until the revoke succeeds, for at most twice the TTL (by then
 // the lease has expired on the server, unless a new leader extended it),
 // or until the Locker closes.
-func (l *Locker) revokeAbandoned(ls *lease) {
+func (k *leaseKeeper) revokeAbandoned(ls *lease) {
 	giveUp := time.Now().Add(2 * ls.ttl)
 	retry := newBackoff()
 	for {
 		// On the background context: Close ends a try in progress (it
 		// waits for this goroutine), and its own revoke takes over.
-		ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
-		err := l.revokeWith(ctx, ls)
+		ctx, cancel := context.WithTimeout(k.bg, cleanupTimeout)
+		err := k.revokeWith(ctx, ls)
 		cancel()
-		if err == nil || !time.Now().Before(giveUp) || !retry.wait(l.bg) {
+		if err == nil || !time.Now().Before(giveUp) || !retry.wait(k.bg) {
 			return
 		}
 	}
@@ -292,15 +312,15 @@ func (l *Locker) revokeAbandoned(ls *lease) {
 
 // revoke revokes ls on a detached context bounded by cleanupTimeout,
 // deleting every key attached to it.
-func (l *Locker) revoke(ls *lease) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.client.Ctx()), cleanupTimeout)
+func (k *leaseKeeper) revoke(ls *lease) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.client.Ctx()), cleanupTimeout)
 	defer cancel()
-	return l.revokeWith(ctx, ls)
+	return k.revokeWith(ctx, ls)
 }
 
 // revokeWith revokes ls on ctx; a lease already gone is not an error.
-func (l *Locker) revokeWith(ctx context.Context, ls *lease) error {
-	_, err := l.client.Revoke(ctx, ls.id)
+func (k *leaseKeeper) revokeWith(ctx context.Context, ls *lease) error {
+	_, err := k.client.Revoke(ctx, ls.id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil
 	}

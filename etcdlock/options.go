@@ -7,6 +7,8 @@ import (
 	"github.com/fairlock/fairlock/fairlock"
 )
 
+// The options of New and NewSemaphore, and their defaults.
+
 // DefaultTTL is the lease TTL of a Locker built without WithTTL. It is how
 // long the keys of a process that stopped renewing (crashed, partitioned,
 // paused) keep blocking others, so it bounds fail-over; it is also the

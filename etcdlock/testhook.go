@@ -6,6 +6,9 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
 )
 
+// The hooks that etcdlock's tests reach a Locker's insides through (see
+// package testhook).
+
 func init() {
 	testhook.PauseWatch = func(l any) func() {
 		if s, ok := l.(*Semaphore); ok {
@@ -21,8 +24,8 @@ func init() {
 func pauseWatch(l *Locker) (resume func()) {
 	gate := make(chan struct{})
 	l.mu.Lock()
-	l.watchGate = gate
-	cancel := l.watchCancel
+	l.hub.watchGate = gate
+	cancel := l.hub.watchCancel
 	l.mu.Unlock()
 	cancel()
 	for {

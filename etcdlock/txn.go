@@ -89,7 +89,7 @@ func (l *Locker) commit(ctx context.Context, name string, txn func(context.Conte
 	}
 	if r.err != nil && !refused(r.err) {
 		// Unknown outcome: the write may have been applied.
-		l.janitorAdd(name, 0)
+		l.janitor.add(name, 0)
 	}
 	return r.resp, r.err
 }
@@ -98,9 +98,9 @@ func (l *Locker) commit(ctx context.Context, name string, txn func(context.Conte
 func (l *Locker) undo(name string, r txnResult, wrote func(*clientv3.TxnResponse) bool) {
 	switch {
 	case r.err == nil && wrote(r.resp):
-		l.remove(name, r.resp.Header.Revision)
+		l.janitor.remove(name, r.resp.Header.Revision)
 	case r.err != nil && !refused(r.err):
-		l.janitorAdd(name, 0)
+		l.janitor.add(name, 0)
 	}
 }
 
