@@ -4,29 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
-	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
 )
 
+// A call's life: the Locker's and Semaphore's calls on keys (Lock,
+// TryLock, RLock, TryRLock, Wait, Acquire, TryAcquire), from the local
+// checks (begin) through the enqueueing script and the wait for the
+// grant to the end of the call (finish). The grant's release is Unlock,
+// in guard.go.
+
 // errRequeue is run's internal signal that a queued call's entry is gone
 // (its session on the key expired, or someone removed it) and it must
 // queue again.
 var errRequeue = errors.New("redislock: queue again")
-
-// The modes of an entry, as the scripts spell them.
-const (
-	modeExclusive = 'x'
-	modeShared    = 'r'
-	modeUnits     = 'u'
-	modeWait      = 'w'
-)
 
 // Lock locks key for the owner of ctx (owner.Of) and returns the Guard
 // that unlocks it. If the key is held or has queued calls, in this
@@ -222,20 +218,6 @@ func (c *core) finish(g *Guard, err error) {
 	c.mu.Unlock()
 	if remove {
 		c.remove(g.key, g.member)
-	}
-}
-
-// forgetLocked removes g from the local view of its key. c.mu is held.
-func (c *core) forgetLocked(g *Guard) {
-	ks := c.keys[g.key]
-	if ks == nil {
-		return
-	}
-	if i := slices.Index(ks.guards, g); i >= 0 {
-		ks.guards = slices.Delete(ks.guards, i, i+1)
-	}
-	if len(ks.guards) == 0 {
-		delete(c.keys, g.key)
 	}
 }
 
@@ -456,7 +438,7 @@ func (c *core) undo(key, member string, r enqueued, err error) {
 
 // runEnqueue sends the enqueueing script and parses its reply.
 func (c *core) runEnqueue(ctx context.Context, key, member, kind string) (enqueued, error) {
-	n := c.namesOf(key)
+	n := namesOf(c.esc, key)
 	sent := time.Now()
 	v, err := enqueueScript.Run(ctx, c.client,
 		[]string{n.queue, n.counter, n.markers + c.sid},
@@ -475,17 +457,4 @@ func (c *core) runEnqueue(ctx context.Context, key, member, kind string) (enqueu
 		return enqueued{}, fmt.Errorf("redislock: unexpected reply %v from the enqueue script", v)
 	}
 	return r, nil
-}
-
-// modeName is the debug registry's name of a mode.
-func modeName(m byte) string {
-	switch m {
-	case modeShared:
-		return registry.Shared
-	case modeUnits:
-		return registry.Units
-	case modeWait:
-		return registry.Wait
-	}
-	return registry.Exclusive
 }

@@ -8,6 +8,9 @@ import (
 	"github.com/fairlock/fairlock/fairlock"
 )
 
+// What a Locker shows of itself: the stats behind an Observer's gauges,
+// and its state for the debug registry (WithDebug).
+
 // stats counts this process's held keys and queued calls, for an
 // Observer's gauges. It takes c.mu.
 func (c *core) stats() fairlock.Stats {
@@ -89,4 +92,17 @@ func (src debugSource) DebugState(limit int) registry.LockerState {
 	st.Held, st.Omitted = registry.Keep(st.Held, limit)
 	st.Time = time.Now()
 	return st
+}
+
+// modeName is the debug registry's name of a mode.
+func modeName(m byte) string {
+	switch m {
+	case modeShared:
+		return registry.Shared
+	case modeUnits:
+		return registry.Units
+	case modeWait:
+		return registry.Wait
+	}
+	return registry.Exclusive
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
 )
 
+// The errors the package returns, and how an Observer classifies them.
+
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
 // that Guard.Unlock returns for a grant that was lost before it was
 // unlocked: its session expired on the server, its entry was removed by
@@ -35,6 +37,15 @@ func invalidWeight(w, n, other int64) error {
 		return fmt.Errorf("%w (this semaphore has %d units per key; the key's queue holds calls of a semaphore of %d)", fairlock.ErrInvalidWeight, n, other)
 	}
 	return fmt.Errorf("%w (asked for %d; the semaphore has %d units per key)", fairlock.ErrInvalidWeight, w, n)
+}
+
+// callError is the error a call returns for err from Redis: the context's
+// (with its cause) if ctx is done, else err.
+func callError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctxerr.Of(ctx)
+	}
+	return err
 }
 
 // resultOf classifies a call's error for an Observer. A call that ended

@@ -10,8 +10,7 @@ import (
 // Locker or Semaphore that granted l on its key.
 func MarkerKey(prefix string, l keylock.Lease) string {
 	g := l.(*Guard)
-	c := &core{esc: escape(prefix)}
-	return c.namesOf(g.key).markers + g.c.sid
+	return namesOf(escape(prefix), g.key).markers + g.c.sid
 }
 
 // Member returns the entry of the grant l in its key's queue.
@@ -20,7 +19,6 @@ func Member(l keylock.Lease) string { return l.(*Guard).member }
 // MarkerOf returns the Redis key of the session marker of the entry
 // member on key under prefix.
 func MarkerOf(prefix, key, member string) string {
-	c := &core{esc: escape(prefix)}
 	sid, _, _ := strings.Cut(member, "|")
-	return c.namesOf(key).markers + sid
+	return namesOf(escape(prefix), key).markers + sid
 }

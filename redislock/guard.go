@@ -4,68 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
 )
 
-// The states of a call. A call is queued from its start until it is
-// granted (held) or ends without a grant (released); a grant is held
-// until Unlock, Close, or, for Wait, the instant it is taken.
-const (
-	queued = iota
-	held
-	released
-)
-
-// Guard is one grant of a key, returned by Lock, TryLock, RLock,
-// TryRLock, Acquire and TryAcquire; its Unlock releases it. Its methods
-// are safe for concurrent use, and Unlock may be called from any
-// goroutine. A nil *Guard holds nothing: Unlock does nothing, Token is 0,
-// Lost is nil.
-type Guard struct {
-	c     *core
-	key   string
-	owner owner.ID
-	mode  byte  // modeExclusive, modeShared, modeUnits or modeWait
-	w     int64 // units asked for (1 outside a Semaphore)
-	since time.Time
-	lost  chan struct{} // closed when a held grant is lost
-	sem   chan struct{} // cap 1: one Unlock at a time
-
-	// The call's entry. Written under core.mu while the call is queued;
-	// fixed once the Guard is returned.
-	member string
-	token  uint64
-
-	// Guarded by core.mu.
-	state      int
-	grantedAt  time.Time
-	wake       chan struct{} // cap 1: there is news for the waiting call
-	confirmed  bool          // the enqueue's reply arrived: the entry was written
-	granted    bool          // the entry holds the key (reply or notice)
-	gone       bool          // the entry is gone, or its session on the key is
-	releasing  bool          // Unlock has begun
-	lostClosed bool          // lost is closed
-}
-
-// signal wakes the call waiting on g. core.mu is held.
-func (g *Guard) signal() {
-	select {
-	case g.wake <- struct{}{}:
-	default:
-	}
-}
-
-// loseLocked marks g's entry gone; a held grant is lost: its Lost channel
-// closes. c.mu is held.
-func (c *core) loseLocked(g *Guard) {
-	g.gone = true
-	if g.state == held && !g.releasing && !g.lostClosed {
-		g.lostClosed = true
-		close(g.lost)
-	}
-	g.signal()
-}
+// A grant's methods: what its holder reads (Key, Token, Lost) and
+// Unlock, which releases it. The Guard type is declared with the core it
+// points to, in locker.go.
 
 // Key returns the key the grant is for.
 func (g *Guard) Key() string {
@@ -203,7 +147,7 @@ func (g *Guard) Unlock(ctx context.Context) error {
 	}
 	switch {
 	case err != nil:
-		return lockError("Unlock", g.key, g.owner, c.callError(ctx, err))
+		return lockError("Unlock", g.key, g.owner, callError(ctx, err))
 	case lostBefore || gone:
 		return lockError("Unlock", g.key, g.owner, ErrLost)
 	}

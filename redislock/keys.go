@@ -66,8 +66,9 @@ type names struct {
 	queue, counter, markers string // markers: the prefix of the session markers
 }
 
-// namesOf returns the Redis keys of key under the core's prefix.
-func (c *core) namesOf(key string) names {
-	tag := "{" + c.esc + "/" + escape(key) + "}"
+// namesOf returns the Redis keys of key under a prefix P, given
+// esc = escape(P) (core.esc).
+func namesOf(esc, key string) names {
+	tag := "{" + esc + "/" + escape(key) + "}"
 	return names{queue: tag + "q", counter: tag + "n", markers: tag + "s:"}
 }

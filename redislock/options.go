@@ -7,6 +7,8 @@ import (
 	"github.com/fairlock/fairlock/fairlock"
 )
 
+// The options of New and NewSemaphore, and their defaults.
+
 // DefaultTTL is the session TTL of a Locker built without WithTTL: how
 // long the grants and queue places of a process that stopped renewing
 // (crashed, paused, partitioned from Redis) keep blocking others, and the

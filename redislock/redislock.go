@@ -57,109 +57,25 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/debug/registry"
-	"github.com/fairlock/fairlock/fairlock"
-	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
 	"github.com/redis/go-redis/v9"
 )
 
-const (
-	// startTimeout bounds New's subscription.
-	startTimeout = 10 * time.Second
-	// cleanupTimeout bounds a removal made on a detached context (a
-	// cancelled call's entry, Close's last removals), and how long an
-	// enqueueing script may go on after its call returned. A removal that
-	// fails is retried in the background.
-	cleanupTimeout = 5 * time.Second
-)
+// A Locker's life: New and NewSemaphore make its core (locker.go) and
+// start its goroutines (the dispatch in hub.go, the session renewal in
+// session.go, the janitor in janitor.go), Locked reads a key's queue, and
+// Close ends it all. The calls on keys are in acquire.go and guard.go.
+
+// startTimeout bounds New's subscription.
+const startTimeout = 10 * time.Second
 
 // lockers and semaphores count those made, for default names.
 var lockers, semaphores atomic.Int64
-
-// Locker is a fair, strict-FIFO keyed lock with shared holds, shared by
-// every process that makes one with the same Redis and prefix. Make one
-// with New; the zero Locker is not usable. All methods are safe for
-// concurrent use. It is a keylock.RWLocker; every Lease it returns is a
-// *Guard.
-//
-// A Locker holds one pub/sub connection and three goroutines (the
-// subscription's dispatch, the session renewal, and a janitor that
-// retries removals that failed), one more while a renewal round is in
-// flight, and one goroutine per enqueueing script still running for a
-// call that returned. Close stops them all.
-type Locker struct{ c *core }
-
-// Semaphore is a keyed weighted semaphore of n units per key, head-of-line
-// FIFO across every process that makes one with the same Redis, prefix
-// and n. Make one with NewSemaphore. It is a keylock.Semaphore; every
-// Lease it returns is a *Guard. It holds what a Locker holds.
-type Semaphore struct{ c *core }
-
-var (
-	_ keylock.RWLocker  = (*Locker)(nil)
-	_ keylock.Semaphore = (*Semaphore)(nil)
-	_ keylock.Lease     = (*Guard)(nil)
-)
-
-// core is a Locker's or a Semaphore's state.
-type core struct {
-	client  redis.UniversalClient
-	prefix  string
-	esc     string // escape(prefix)
-	channel string // where grants are announced
-	kind    string // "redislock.Locker" or "redislock.Semaphore"
-	units   int64  // the semaphore's n; 0 for a Locker
-	name    string
-	ttl     time.Duration
-	ttlMs   string // ttl in ms, as the scripts take it
-	logger  *slog.Logger
-	sid     string // the session id: random, hex
-	obs     fairlock.LockerObserver
-	obsMu   sync.RWMutex // read-held around each report to obs; see Close
-	obsGone bool         // guarded by obsMu: Close unregistered obs
-	unreg   func()       // removes the debug registration; nil without WithDebug
-	pubsub  *redis.PubSub
-
-	seq atomic.Uint64 // numbers the entries this core writes
-
-	bg      context.Context    // the background goroutines' context
-	stopBg  context.CancelFunc // cancels bg: Close, after the calls have ended
-	wg      sync.WaitGroup     // the background goroutines
-	closing <-chan struct{}    // closed by the first Close: shut.Done()
-	shut    context.Context    // ended by the first Close
-	shutNow context.CancelFunc
-	closed  chan struct{} // closed when the first Close returns
-	kick    chan struct{} // cap 1: wakes the janitor
-	reread  chan struct{} // cap 1: the subscription is back: re-read the queues
-	ready   chan struct{} // closed when the first subscription is confirmed
-
-	mu       sync.Mutex // guards everything below, and the Guards' fields marked so
-	isClosed bool
-	keys     map[string]*keyState // user key → this process's calls on it
-	entries  map[string]*Guard    // entry → its call, while it may be in Redis
-	janitor  map[string]cleanup   // entry → removal still to make
-	calls    int                  // calls in progress
-	held     int                  // grants not yet unlocked
-	pending  int                  // enqueueing scripts running for a call that returned
-	idle     chan struct{}        // cap 1: signalled when calls, held or pending drops
-	doubles  int64                // Unlocks of a Guard already unlocked
-	reentry  int64                // calls refused with ErrReentrant
-}
-
-// keyState is this process's view of one lock key.
-type keyState struct {
-	guards []*Guard // calls on the key, in arrival order
-	// deadline is when the session's marker on the key may have expired
-	// on the server: the send time of the last script that set or
-	// renewed it, plus the TTL less a tenth. Zero before the first.
-	deadline time.Time
-}
 
 // New returns a Locker whose queues live under prefix in the Redis that
 // client talks to. Lockers in any number of processes that use the same
@@ -286,7 +202,7 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 		err = ctxerr.Of(ctx)
 	}
 	if err != nil {
-		return false, lockError("Locked", key, owner.Of(ctx), l.c.callError(ctx, err))
+		return false, lockError("Locked", key, owner.Of(ctx), callError(ctx, err))
 	}
 	return n > 0, nil
 }
@@ -389,21 +305,4 @@ func (c *core) waitIdle(ctx context.Context) int {
 			done, expired = nil, true
 		}
 	}
-}
-
-// signalIdle wakes a waiting Close. c.mu is held.
-func (c *core) signalIdle() {
-	select {
-	case c.idle <- struct{}{}:
-	default:
-	}
-}
-
-// callError is the error a call returns for err from Redis: the context's
-// (with its cause) if ctx is done, else err.
-func (c *core) callError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctxerr.Of(ctx)
-	}
-	return err
 }
