@@ -1,14 +1,11 @@
 package fairlock
 
 import (
-	"context"
 	"iter"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 
-	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -300,6 +297,7 @@ func (r *reduction[K]) stuck(k K) bool {
 	ki, ok := r.keys[k]
 	return ok && !r.keyNodes[ki].granted
 }
+
 func (r *reduction[K]) blockedHolder(o owner.ID, k K) bool {
 	oi, ok := r.owners[o]
 	return ok && r.nodes[oi].blocked > 0 && r.d.holders[k][o] > 0
@@ -424,6 +422,11 @@ func (d *detector[K]) dropWait(key K, o owner.ID) {
 	}
 }
 
+// graphShrinkAt: maps of the graph that grew past this many keys or
+// owners are made anew once they empty, as a shard's overflow map is
+// (shrinkAt), since Go maps never shrink.
+const graphShrinkAt = 1024
+
 // shrink makes the maps anew once they hold an eighth of a peak large
 // enough to matter, and once they empty after such a peak, so that the
 // memory a peak of waiters took is given back (Go maps never shrink; a map
@@ -432,10 +435,10 @@ func (d *detector[K]) dropWait(key K, o owner.ID) {
 func (d *detector[K]) shrink() {
 	n := max(len(d.holders), len(d.waits))
 	switch {
-	case n == 0 && (d.peak > shrinkAt || d.shrunk):
+	case n == 0 && (d.peak > graphShrinkAt || d.shrunk):
 		d.holders, d.waits = make(map[K]map[owner.ID]int32), make(map[owner.ID]map[K]int)
 		d.peak, d.shrunk = 0, false
-	case d.peak > shrinkAt && n < d.peak/8:
+	case d.peak > graphShrinkAt && n < d.peak/8:
 		holders := make(map[K]map[owner.ID]int32, len(d.holders))
 		for k, hs := range d.holders {
 			holders[k] = hs
@@ -446,16 +449,4 @@ func (d *detector[K]) shrink() {
 		}
 		d.holders, d.waits, d.peak, d.shrunk = holders, waits, max(len(holders), len(waits)), true
 	}
-}
-
-// refuseDeadlock logs and returns the error for a refused cycle. The log
-// record carries the caller's ctx (a handler may read a trace from it),
-// and the cycle is rendered only when the logger takes warnings.
-func (t *table[K]) refuseDeadlock(ctx context.Context, op string, key K, id owner.ID, derr *DeadlockError) (Guard[K], error) {
-	derr.render = t.renderAny
-	if t.logger.Enabled(ctx, slog.LevelWarn) {
-		args := ownerAttrs([]any{"locker", t.name, "key", registry.JSONKey(t.keyText(key))}, "owner", id, owner.LabelOf(ctx))
-		t.logger.WarnContext(ctx, "fairlock: deadlock refused", append(args, "cycle", derr.Error())...)
-	}
-	return t.fail(ctx, op, key, id, derr, 0, op != "Wait")
 }

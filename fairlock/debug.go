@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"weak"
@@ -15,24 +14,6 @@ import (
 	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 )
-
-// debugState is a table's debug-mode machinery: its registration with
-// the debug registry and its long-held watchdog, with the live-shard
-// bitmap the watchdog walks. It holds no reference to the table, so that
-// a table dropped without Close can be collected.
-type debugState struct {
-	longHeld   time.Duration // 0: no watchdog
-	unregister func()        // from the debug registry; safe to call twice
-	quit       chan struct{} // closed by stopWatchdog
-	wake       chan struct{} // the first live key since the watchdog slept
-	done       sync.WaitGroup
-	stopOnce   sync.Once
-	// liveShards has a bit per shard that has live keys, and liveCount
-	// counts those shards; only with a watchdog, which walks just those
-	// shards and sleeps while there are none.
-	liveShards []atomic.Uint64
-	liveCount  atomic.Int64
-}
 
 // startDebug sets t.dbg, then registers t with the debug registry under
 // t.name and starts its watchdog. t must be complete otherwise: a dump may
@@ -50,36 +31,6 @@ func startDebug[K comparable](t *table[K], cfg config) {
 		d.done.Add(1)
 		go watch(wt, d, registered)
 	}
-}
-
-// markLive records whether shard i has live keys, for the watchdog, and
-// wakes the watchdog when the first shard gets some. The per-key protocol
-// calls it (settle) when a shard becomes live or idle.
-func (d *debugState) markLive(i uint32, live bool) {
-	if d.liveShards == nil {
-		return
-	}
-	word, bit := &d.liveShards[i/64], uint64(1)<<(i%64)
-	if !live {
-		word.And(^bit)
-		d.liveCount.Add(-1)
-		return
-	}
-	word.Or(bit)
-	if d.liveCount.Add(1) == 1 {
-		select {
-		case d.wake <- struct{}{}:
-		default: // a wake-up is pending already
-		}
-	}
-}
-
-// stopWatchdog stops the watchdog and waits for it to exit.
-func (d *debugState) stopWatchdog() {
-	d.stopOnce.Do(func() {
-		close(d.quit)
-		d.done.Wait()
-	})
 }
 
 // debugSource adapts a table to registry.Source through a weak pointer:
@@ -217,18 +168,6 @@ type warning[K comparable] struct {
 	wait   bool     // a long wait, not a long hold
 	holder owner.ID // for a long wait: the key's oldest holder
 	hlabel string   // holder's label
-}
-
-// ownerAttrs appends the attributes naming id under name to args: its
-// name ("flow#3") and, if it has one, its label l (as the call recorded
-// it) under name+"_label", each a string of its own, so that a JSON log
-// carries the label unquoted.
-func ownerAttrs(args []any, name string, id owner.ID, l string) []any {
-	args = append(args, name, id.Name())
-	if l != "" {
-		args = append(args, name+"_label", l)
-	}
-	return args
 }
 
 // watch is the watchdog goroutine: every period it warns about holders and

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -172,4 +173,24 @@ func resultOf(err error) Result {
 	default:
 		return Canceled
 	}
+}
+
+// ownerAttrs appends the attributes naming id under name to args: its
+// name ("flow#3") and, if it has one, its label l (as the call recorded
+// it) under name+"_label", each a string of its own, so that a JSON log
+// carries the label unquoted.
+func ownerAttrs(args []any, name string, id owner.ID, l string) []any {
+	args = append(args, name, id.Name())
+	if l != "" {
+		args = append(args, name+"_label", l)
+	}
+	return args
+}
+
+// count writes n with its noun, singular for one: "1 key", "3 keys".
+func count[N ~int | ~int64](n N, one string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %ss", n, one)
 }

@@ -7,8 +7,8 @@ import "github.com/fairlock/fairlock/owner"
 // without allocation; copies of it are the same grant. The zero Guard
 // holds nothing.
 type Guard[K comparable] struct {
-	// Unlock and release are in entry.go, with the rest of the per-key
-	// protocol.
+	// Unlock and release are in lock.go, with the rest of a call's path
+	// through the per-key protocol.
 	//
 	// A Guard does not carry its key's hash (tag): an Unlock that takes
 	// the shard mutex hashes the key again, and a lock-free one needs no

@@ -153,14 +153,3 @@ func escapeNonPrinting(s string) string {
 	}
 	return s
 }
-
-// keyText renders key for errors, debug output and warnings: with the
-// WithKeyFormatter function if one was given, else by renderKey's rules;
-// control characters are escaped either way. It may run user code, so it
-// is never called with a shard mutex held.
-func (t *table[K]) keyText(key K) string {
-	if t.keyFormat != nil {
-		return escapeNonPrinting(t.keyFormat(key))
-	}
-	return renderKey(key)
-}

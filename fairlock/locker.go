@@ -59,9 +59,10 @@ type Locker[K comparable] struct {
 }
 
 // New returns an open Locker for keys of type K. It allocates the shards
-// (WithShards) and, with WithLongHeld, starts one watchdog goroutine. Keys are hashed with hash/maphash.Comparable: K must not be,
-// or contain, an interface holding an uncomparable value, or calls panic
-// as a map would.
+// (WithShards) and, with WithLongHeld, starts one watchdog goroutine.
+// Keys are hashed with hash/maphash.Comparable: K must not be, or
+// contain, an interface holding an uncomparable value, or calls panic as
+// a map would.
 //
 // Close a Locker when done with it: Close wakes its waiters and stops its
 // watchdog. A Locker with debug or an observer that is dropped without

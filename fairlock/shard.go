@@ -3,63 +3,14 @@ package fairlock
 import (
 	"iter"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/owner"
 )
 
-// inlineSlots is how many live keys a shard keeps in arrays of its own
-// before it spills into a map. Most shards of a busy Locker hold zero to a
-// few live keys at any instant, so the mutex side finds, adds and removes
-// a key by scanning one cache line of tags, without a map operation.
-const inlineSlots = 8
-
-// shard is one slice of the key space: a state word for the lock-free fast
-// path, a mutex and the entries of the live keys that hash to it. Padded so
-// neighbouring shards do not share a cache line.
-type shard[K comparable] struct {
-	// state is the shard's mode and fast grant: see the fast path below.
-	state atomic.Uint64
-	// fastKey, fastTag, fastOwner and fastUnits are the fast holder's key,
-	// the key's tag, owner and units. The fast claimant writes them between its claiming CAS
-	// and the Store that publishes them; others read them only after
-	// seeing that Store. A fast Unlock leaves them in place (clearing them
-	// would race the next claim), so a shard keeps a reference to its last
-	// fast key until the next claim or inflate: at most one key per shard.
-	fastKey   K
-	fastTag   uint64 // fastKey's tag, for inflate
-	fastOwner owner.ID
-	fastUnits int64
-
-	// t is the shard's table, for a Guard's Unlock to reach; the shard
-	// itself never calls its table: its operations report what changed
-	// (insert, remove) and the caller books it.
-	t  *table[K]
-	mu sync.Mutex
-
-	live     int                    // guarded by mu: live keys, inline and overflow
-	tags     [inlineSlots]uint64    // guarded by mu: hash|1 of slots[i]'s key; 0 for an empty slot
-	slots    [inlineSlots]*entry[K] // guarded by mu
-	overflow map[K]*entry[K]        // guarded by mu: live keys beyond the slots; nil until needed
-	peak     int                    // guarded by mu: most overflow keys since overflow was made
-	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
-	// owners indexes the holders of entries with many (indexed set), so
-	// that the reentrancy check of one more reader does not scan them all.
-	owners  map[*entry[K]]*ownerIndex // guarded by mu
-	books   books                     // guarded by mu: what the entries' transitions share (entry.go)
-	waiting int                       // guarded by mu: waiters over all entries
-	closed  bool                      // guarded by mu: Close has run over this shard
-	shrunk  bool                      // guarded by mu: overflow was made anew from a larger map
-	// handOffs counts grant passes that decided a waiter, for the yield of
-	// the hand-off, and parks waiters queued, for refreshing procs. Both
-	// guarded by mu; only ever read modulo 64, so 8 bits wrap in step.
-	handOffs uint8
-	parks    uint8
-	idx      uint32 // the shard's index in t.shards
-	_        [64]byte
-}
+// This file is a shard's operations: the lock-free fast path on its state
+// word, and under its mutex the live keys' entries and owner indexes. They
+// report what changed (insert, remove) and never call the table.
 
 // The fast path.
 //
@@ -310,12 +261,6 @@ func (s *shard[K]) shrinkOverflow() {
 // indexAt is how many live holders make an entry's reentrancy check use
 // an owner index instead of scanning; the index goes below indexAt/4.
 const indexAt = 32
-
-// ownerIndex counts the holds of each owner of an entry with many holders.
-type ownerIndex struct {
-	counts map[owner.ID]int32
-	peak   int // most owners seen in counts since it was made
-}
 
 // ownerCounts returns the counts of e's owner index, or nil if e has
 // none. s.mu is held.

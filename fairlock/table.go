@@ -1,25 +1,27 @@
 package fairlock
 
 import (
-	"context"
-	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"reflect"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/owner"
 )
+
+// This file is the data a Locker and a Semaphore are made of: a table of
+// shards, each holding the entries of its live keys, and what a call
+// reads off the table without touching a shard (hashing, the clock, key
+// text, the drain count of a closed table). The table and its shards refer
+// to each other, so both types are here; the operations live above them:
+// the shard's in shard.go, the calls' in lock.go, the table's life in
+// lifecycle.go.
 
 // table is what a Locker and a Semaphore are made of: keys hashed onto
 // shards of per-key state machines (entry), each key with size units,
-// and the options around them: its lifecycle (init, Close), and the
-// deadlock detector, observer and debug state that the per-key protocol
-// (entry.go) reports to.
+// and the options around them: the deadlock detector, observer and debug
+// state that settle (lock.go) reports what a transition decided to.
 type table[K comparable] struct {
 	seed   maphash.Seed
 	shards []shard[K]
@@ -70,84 +72,63 @@ func (k kind) String() string {
 // unit, so readers can never fill it.
 const lockerUnits = 1<<63 - 1
 
-// tables counts tables made, for default names.
-var tables atomic.Int64
+// inlineSlots is how many live keys a shard keeps in arrays of its own
+// before it spills into a map. Most shards of a busy Locker hold zero to a
+// few live keys at any instant, so the mutex side finds, adds and removes
+// a key by scanning one cache line of tags, without a map operation.
+const inlineSlots = 8
 
-// init sets up t for keys of size units with opts. It registers t with
-// package debug and its Observer last, once t is complete, since from
-// then on other goroutines read it.
-func (t *table[K]) init(k kind, size int64, opts []Option) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	if cfg.name == "" {
-		cfg.name = fmt.Sprintf("fairlock-%d", tables.Add(1))
-	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
-	t.seed = maphash.MakeSeed()
-	t.shards = make([]shard[K], cfg.shards)
-	t.mask = uint64(cfg.shards - 1)
-	t.size, t.kind = size, k
-	t.name, t.logger = cfg.name, cfg.logger
-	t.drained = make(chan struct{})
-	if cfg.keyFormat != nil {
-		f, ok := cfg.keyFormat.(func(K) string)
-		if !ok {
-			panic(fmt.Sprintf("fairlock: WithKeyFormatter given a %T for a %v of %v keys", cfg.keyFormat, k, reflect.TypeFor[K]()))
-		}
-		t.keyFormat = f
-		t.renderAny = func(k any) string {
-			if key, ok := k.(K); ok {
-				return t.keyText(key)
-			}
-			return renderKey(k)
-		}
-	}
-	// Without a formatter renderAny stays nil: keyText then renders a
-	// string key itself, so that a long one is cut inside its quotes.
-	if cfg.deadlocks {
-		t.detector = newDetector[K](k == semaphoreKind)
-	}
-	t.timed = cfg.observer != nil || cfg.debug
-	t.stacks = cfg.stacks
-	// The deadlock detector needs no fast path of its own: it tracks only
-	// awaited keys, and a waiter inflates a fast grant before it asks.
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.t, s.idx, s.books.size = t, uint32(i), size
-		if t.timed {
-			s.books.infos = infoFree{} // not nil: timed (no allocation)
-			s.state.Store(slowBit)     // for good: see the fast path in shard.go
-		}
-	}
-	refreshProcs()
+// shard is one slice of the key space: a state word for the lock-free fast
+// path, a mutex and the entries of the live keys that hash to it. Padded so
+// neighbouring shards do not share a cache line.
+type shard[K comparable] struct {
+	// state is the shard's mode and fast grant: see the fast path in
+	// shard.go.
+	state atomic.Uint64
+	// fastKey, fastTag, fastOwner and fastUnits are the fast holder's
+	// key, the key's tag, owner and units. The fast claimant writes them
+	// between its claiming CAS and the Store that publishes them; others read them only after
+	// seeing that Store. A fast Unlock leaves them in place (clearing them
+	// would race the next claim), so a shard keeps a reference to its last
+	// fast key until the next claim or inflate: at most one key per shard.
+	fastKey   K
+	fastTag   uint64 // fastKey's tag, for inflate
+	fastOwner owner.ID
+	fastUnits int64
 
-	// Last: registration publishes t. Neither the registry, the watchdog
-	// nor the observer's stats keep t reachable (weak pointers), so a
-	// table dropped without Close is released by its cleanup.
-	t.closer = &closer{}
-	wt := weak.Make(t)
-	if cfg.observer != nil {
-		t.obs = cfg.observer.Register(t.name, func() Stats {
-			if t := wt.Value(); t != nil {
-				return t.stats()
-			}
-			return Stats{}
-		})
-		t.closer.obs = t.obs
-	}
-	if cfg.debug {
-		startDebug(t, cfg)
-		t.closer.dbg = t.dbg
-	}
-	if t.obs != nil || t.dbg != nil {
-		runtime.AddCleanup(t, (*closer).release, t.closer)
-	}
+	// t is the shard's table, for a Guard's Unlock and HandOff to reach
+	// (lock.go, guard.go); the shard's own operations (shard.go) never
+	// use it: they report what changed (insert, remove) and the caller
+	// books it.
+	t  *table[K]
+	mu sync.Mutex
+
+	live     int                    // guarded by mu: live keys, inline and overflow
+	tags     [inlineSlots]uint64    // guarded by mu: hash|1 of slots[i]'s key; 0 for an empty slot
+	slots    [inlineSlots]*entry[K] // guarded by mu
+	overflow map[K]*entry[K]        // guarded by mu: live keys beyond the slots; nil until needed
+	peak     int                    // guarded by mu: most overflow keys since overflow was made
+	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
+	// owners indexes the holders of entries with many (indexed set), so
+	// that the reentrancy check of one more reader does not scan them all.
+	owners  map[*entry[K]]*ownerIndex // guarded by mu
+	books   books                     // guarded by mu: what the entries' transitions share (entry.go)
+	waiting int                       // guarded by mu: waiters over all entries
+	closed  bool                      // guarded by mu: Close has run over this shard
+	shrunk  bool                      // guarded by mu: overflow was made anew from a larger map
+	// handOffs counts grant passes that decided a waiter, for the yield of
+	// the hand-off, and parks waiters queued, for refreshing procs. Both
+	// guarded by mu; only ever read modulo 64, so 8 bits wrap in step.
+	handOffs uint8
+	parks    uint8
+	idx      uint32 // the shard's index in t.shards
+	_        [64]byte
+}
+
+// ownerIndex counts the holds of each owner of an entry with many holders.
+type ownerIndex struct {
+	counts map[owner.ID]int32
+	peak   int // most owners seen in counts since it was made
 }
 
 // closer releases what a table registered outside itself: its debug
@@ -209,77 +190,15 @@ func (t *table[K]) now() time.Time {
 	return time.Time{}
 }
 
-// locked reports whether key has a holder at this instant.
-func (t *table[K]) locked(key K) bool {
-	s, tag := t.shardOf(key)
-	s.lock()
-	e := s.find(key, tag)
-	ok := e != nil && e.holding() > 0
-	s.unlock()
-	return ok
-}
-
-// waiters returns the number of calls queued on key at this instant.
-func (t *table[K]) waiters(key K) int {
-	s, tag := t.shardOf(key)
-	s.lock()
-	n := 0
-	if e := s.find(key, tag); e != nil {
-		n = e.waiters.Len()
+// keyText renders key for errors, debug output and warnings: with the
+// WithKeyFormatter function if one was given, else by renderKey's rules;
+// control characters are escaped either way. It may run user code, so it
+// is never called with a shard mutex held.
+func (t *table[K]) keyText(key K) string {
+	if t.keyFormat != nil {
+		return escapeNonPrinting(t.keyFormat(key))
 	}
-	s.unlock()
-	return n
-}
-
-// stats sums the live counts over the shards.
-func (t *table[K]) stats() Stats {
-	var st Stats
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.lock()
-		st.Keys += s.live
-		st.Waiters += s.waiting
-		s.unlock()
-	}
-	return st
-}
-
-// close implements Close for both faces.
-func (t *table[K]) close(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if t.shards == nil {
-		panic(notMade)
-	}
-	if t.closing.CompareAndSwap(false, true) {
-		t.closeShards()
-	}
-	select {
-	case <-t.drained:
-		t.closer.release()
-		return nil
-	default:
-	}
-	select {
-	case <-t.drained:
-		t.closer.release()
-		return nil
-	case <-ctx.Done():
-	}
-	if t.settleRelease(closeGaveUp) {
-		t.closer.release() // drained in the meantime
-		return nil
-	}
-	return fmt.Errorf("fairlock: Close of %q: %s still held: %w", t.name, count(t.Len(), "key"), ctxerr.Of(ctx))
-}
-
-// count writes n with its noun, singular for one: "1 key", "3 keys".
-func count[N ~int | ~int64](n N, one string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return fmt.Sprintf("%d %ss", n, one)
+	return renderKey(key)
 }
 
 // The two events after which a closing table's registrations (debug,
@@ -296,36 +215,6 @@ const (
 func (t *table[K]) settleRelease(ev uint32) bool {
 	other := uint32(closeGaveUp|tableDrained) &^ ev
 	return t.released.Or(ev)&other != 0
-}
-
-// Len returns the number of live keys; see Locker.Len.
-func (t *table[K]) Len() int { return t.stats().Keys }
-
-// closeShards marks every shard closed, decides every waiter closed and
-// wakes them, and releases the table's registrations.
-func (t *table[K]) closeShards() {
-	t.draining.Store(1) // Close's own count, dropped after the walk
-	var all decidedList
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.lock()
-		s.closed = true
-		for e := range s.entries() {
-			// A key with waiters has holders, so settle removes no entry.
-			for w := t.settle(s, e, change{decided: e.close()}); w != nil; {
-				next := w.Value.next // add clears it
-				all.add(w)
-				w = next
-			}
-		}
-		if s.live > 0 {
-			t.draining.Add(1)
-		}
-		s.unlock()
-	}
-	signal(all.first)
-	t.closer.stopWatchdog()
-	t.shardDrained() // Close's own count
 }
 
 // shardDrained drops the count of shards Close waits for.
