@@ -1,0 +1,3 @@
+module cyclic
+
+go 1.24

@@ -1,0 +1,5 @@
+package cyclic
+
+type shard struct{ t *table }
+
+func (s *shard) lock() int { return s.t.now() }
