@@ -57,9 +57,11 @@ type Locker struct {
 	//     janitor stop, and with them background deletions and revokes.
 	//  3. closed is closed when the first Close returns: later Closes
 	//     return, and Unlock has no key left to delete.
+	// closing and bg are made once in New, and the components hold
+	// copies of them: never replace either.
 	closing    context.Context
 	beginClose context.CancelFunc // ends closing
-	bg         context.Context    // the background goroutines' context (the components hold it)
+	bg         context.Context    // the background goroutines' context
 	stopBg     context.CancelFunc // ends bg
 	closed     chan struct{}
 	wg         sync.WaitGroup // the lease loop, the watch loop, the janitor
@@ -67,18 +69,21 @@ type Locker struct {
 	// mu guards everything below (of the components, leases, hub and
 	// janitor, what each marks as guarded by it: each holds a pointer to
 	// it), and the calls' fields marked so.
-	mu      sync.Mutex
-	leases  leaseKeeper        // the lease: its renewal and replacement (lease.go)
-	keys    map[string][]*call // user key → this process's calls on it, in arrival order
-	written map[*call]struct{} // calls with an etcd key: queued or held
-	hub     hub                // the watch and its dispatch (hub.go)
-	janitor janitor            // deletions retried in the background (janitor.go)
-	calls   int                // calls in progress (Lock, TryLock, Wait, …)
-	grants  int                // grants not yet unlocked
-	pending int                // enqueueing transactions still running for a call that returned
-	idle    chan struct{}      // cap 1: signalled when calls, grants or pending drops
-	doubles int64              // Unlocks of a Guard already unlocked
-	reentry int64              // calls refused with ErrReentrant
+	mu     sync.Mutex
+	leases leaseKeeper        // the lease: its renewal and replacement (lease.go)
+	keys   map[string][]*call // user key → this process's calls on it, in arrival order
+	// written is the calls with an etcd key: queued or held. Made once
+	// in New and shared with the hub (hub.written): clear it in place,
+	// never replace it.
+	written map[*call]struct{}
+	hub     hub           // the watch and its dispatch (hub.go)
+	janitor janitor       // deletions retried in the background (janitor.go)
+	calls   int           // calls in progress (Lock, TryLock, Wait, …)
+	grants  int           // grants not yet unlocked
+	pending int           // enqueueing transactions still running for a call that returned
+	idle    chan struct{} // cap 1: signalled when calls, grants or pending drops
+	doubles int64         // Unlocks of a Guard already unlocked
+	reentry int64         // calls refused with ErrReentrant
 }
 
 // signalIdle wakes a waiting Close. l.mu is held.
