@@ -70,6 +70,13 @@ func newReplyDropper(t testing.TB, addr string) *replyDropper {
 // Addr is where clients connect.
 func (p *replyDropper) Addr() string { return p.ln.Addr().String() }
 
+// NewClient returns a client that talks to the server through p, closed
+// by t.Cleanup.
+func (p *replyDropper) NewClient(t testing.TB) *redis.Client {
+	t.Helper()
+	return newClient(t, &redis.Options{Addr: p.Addr()})
+}
+
 // arm makes the next EVALSHA's reply the one held back.
 func (p *replyDropper) arm() {
 	p.mu.Lock()
@@ -80,11 +87,7 @@ func (p *replyDropper) arm() {
 // awaitHeld waits until the armed script has run and its reply is held.
 func (p *replyDropper) awaitHeld(d time.Duration) {
 	p.t.Helper()
-	select {
-	case <-p.held:
-	case <-time.After(d):
-		p.t.Fatal("proxy: no EVALSHA reply held")
-	}
+	recvWithin(p.t, p.held, d, "proxy: no EVALSHA reply held")
 }
 
 // drop closes the held connection without its reply.
@@ -190,8 +193,7 @@ func TestEnqueueRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
 	p := newReplyDropper(t, srv.Addr())
 	ca := srv.NewClient(t)
-	cb := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	t.Cleanup(func() { cb.Close() })
+	cb := p.NewClient(t)
 	const prefix = "retry"
 	a := newLocker(t, ca, prefix)
 	// B's own renewals and re-reads must not take the proxy's one held
@@ -205,39 +207,17 @@ func TestEnqueueRetriedAfterLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.arm()
-	bDone := make(chan keylock.Lease, 1)
-	go func() {
-		g, err := b.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		bDone <- g
-	}()
+	bDone := lockAsync(t, ctx, b, "k")
 	p.awaitHeld(10 * time.Second)
 	awaitQueue(t, ca, prefix, "k", 2, 10*time.Second)
 	if err := ga.Unlock(ctx); err != nil { // announces B's entry as granted
 		t.Fatal(err)
 	}
-	cDone := make(chan keylock.Lease, 1)
-	go func() {
-		g, err := c.Lock(owner.NewContext(ctx), "k")
-		if err != nil {
-			t.Error(err)
-		}
-		cDone <- g
-	}()
+	cDone := lockAsync(t, owner.NewContext(ctx), c, "k")
 	awaitQueue(t, ca, prefix, "k", 2, 10*time.Second) // B's entry and C's
 	p.drop()
 
-	var gb keylock.Lease
-	select {
-	case gb = <-bDone:
-	case <-time.After(20 * time.Second):
-		t.Fatal("B's Lock did not return after its enqueue was retried")
-	}
-	if gb == nil {
-		t.FailNow()
-	}
+	gb := awaitGrant(t, bDone, 20*time.Second, "B's Lock did not return after its enqueue was retried")
 	head, err := ca.ZRange(ctx, redislock.QueueKey(prefix, "k"), 0, 0).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -245,28 +225,43 @@ func TestEnqueueRetriedAfterLostReply(t *testing.T) {
 	if len(head) != 1 || head[0] != redislock.Member(gb) {
 		t.Errorf("B holds the key but the queue's head is %q, not B's entry %q", head, redislock.Member(gb))
 	}
-	// C re-reads its queue every testTTL/3; two periods are ample.
+	waitsBehind(t, ctx, cDone, "C", gb, "B")
+	awaitQueue(t, ca, prefix, "k", 0, 10*time.Second)
+}
+
+// waitsBehind checks the hand-off from holder to the call whose grant
+// comes on next (from lockAsync), named nextName and holderName in
+// failures. next must not be granted while holder holds the key, for two
+// TTLs: next's Locker re-reads its queue every testTTL/3, so a wrong
+// grant it would find shows within them. Then holder unlocks, and next
+// must be granted within three TTLs, with a larger token. If next is
+// granted early, waitsBehind reports it, unlocks both and returns.
+func waitsBehind(t *testing.T, ctx context.Context, next <-chan keylock.Lease, nextName string, holder keylock.Lease, holderName string) {
+	t.Helper()
 	select {
-	case gc := <-cDone:
-		t.Errorf("C was granted (token %d) while B holds the key (token %d)", gc.Token(), gb.Token())
-		gc.Unlock(ctx)
+	case g := <-next:
+		if g != nil {
+			t.Errorf("%s was granted (token %d) while %s holds the key (token %d)", nextName, g.Token(), holderName, holder.Token())
+			g.Unlock(ctx)
+		}
+		holder.Unlock(ctx)
+		return
 	case <-time.After(2 * testTTL):
 	}
-	if err := gb.Unlock(ctx); err != nil {
+	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case gc := <-cDone:
-		if gc != nil {
-			if gc.Token() <= gb.Token() {
-				t.Errorf("C's token %d after B's %d", gc.Token(), gb.Token())
+	case g := <-next:
+		if g != nil {
+			if g.Token() <= holder.Token() {
+				t.Errorf("%s's token %d after %s's %d", nextName, g.Token(), holderName, holder.Token())
 			}
-			gc.Unlock(ctx)
+			g.Unlock(ctx)
 		}
 	case <-time.After(3 * testTTL):
-		t.Fatal("C was not granted after B unlocked")
+		t.Fatalf("%s was not granted after %s unlocked (waited %v)", nextName, holderName, 3*testTTL)
 	}
-	awaitQueue(t, ca, prefix, "k", 0, 10*time.Second)
 }
 
 // TestTryLockRetriedAfterLostReply: the reply to a TryLock's script is
@@ -278,8 +273,7 @@ func TestTryLockRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
 	p := newReplyDropper(t, srv.Addr())
 	admin := srv.NewClient(t)
-	cb := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	t.Cleanup(func() { cb.Close() })
+	cb := p.NewClient(t)
 	const prefix = "retry-try"
 	// Load the scripts so that B's first command is an EVALSHA that runs.
 	warm := newLocker(t, admin, prefix)
@@ -302,12 +296,7 @@ func TestTryLockRetriedAfterLostReply(t *testing.T) {
 	}()
 	p.awaitHeld(10 * time.Second)
 	p.drop()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("TryLock did not return")
-	}
+	r := recvWithin(t, done, 20*time.Second, "TryLock did not return")
 	if r.err != nil {
 		if !errors.Is(r.err, fairlock.ErrWouldBlock) {
 			t.Fatalf("TryLock: %v", r.err)
@@ -333,8 +322,7 @@ func TestUnlockRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
 	p := newReplyDropper(t, srv.Addr())
 	admin := srv.NewClient(t)
-	cb := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	t.Cleanup(func() { cb.Close() })
+	cb := p.NewClient(t)
 	const prefix = "retry-unlock"
 	b := newLocker(t, cb, prefix, redislock.WithTTL(time.Minute))
 	ctx := context.Background()
@@ -356,18 +344,11 @@ func TestUnlockRetriedAfterLostReply(t *testing.T) {
 	go func() { done <- g.Unlock(ctx) }()
 	p.awaitHeld(10 * time.Second)
 	p.drop()
-	select {
-	case err = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("Unlock did not return")
-	}
-	if errors.Is(err, redislock.ErrLost) {
+	if err := recvWithin(t, done, 20*time.Second, "Unlock did not return"); errors.Is(err, redislock.ErrLost) {
 		t.Errorf("Unlock after a lost reply: %v; the grant was not lost", err)
 	}
-	select {
-	case <-g.Lost():
+	if isClosed(g.Lost()) {
 		t.Error("Lost closed for a grant that was released, not lost")
-	default:
 	}
 	awaitQueue(t, admin, prefix, "k", 0, 10*time.Second)
 }
@@ -444,6 +425,27 @@ func serverPID(t testing.TB, c redis.UniversalClient) int {
 	return 0
 }
 
+// stopServer stops the redis-server process pid (SIGSTOP), as a server
+// that hangs, and returns resume, which lets it go on (SIGCONT) the first
+// time it is called and does nothing after. t.Cleanup calls resume too,
+// so that a failed test leaves no server stopped; registered after the
+// test's Lockers, it runs before their Close (cleanups run last first).
+func stopServer(t testing.TB, pid int) (resume func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
 // TestLostOnTimeWhileRedisHangs: the server stops answering (SIGSTOP: a
 // hung server, or a connection that black-holes) while a Locker holds a
 // key. go-redis does not apply a context's deadline to a connection's
@@ -456,8 +458,7 @@ func TestLostOnTimeWhileRedisHangs(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.NewClient(t)
 	pid := serverPID(t, admin)
-	holder := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Second})
-	t.Cleanup(func() { holder.Close() })
+	holder := newClient(t, &redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Second})
 	const ttl = 3 * time.Second
 	l := newLocker(t, holder, "hang", redislock.WithTTL(ttl))
 	ctx := context.Background()
@@ -465,18 +466,8 @@ func TestLostOnTimeWhileRedisHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	resume := stopServer(t, pid)
 	paused := time.Now()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume) // before the Locker's Close (cleanups run last first)
 	select {
 	case <-g.Lost():
 		// The last renewal was sent before the pause: its deadline is at
@@ -514,9 +505,7 @@ func TestUnlockAfterSessionExpired(t *testing.T) {
 	if err := g.Unlock(ctx); !errors.Is(err, redislock.ErrLost) {
 		t.Errorf("Unlock after the session expired: %v, want ErrLost", err)
 	}
-	select {
-	case <-g.Lost():
-	default:
+	if !isClosed(g.Lost()) {
 		t.Error("Lost is not closed after Unlock reported the grant lost")
 	}
 	awaitQueue(t, c, "expired-unlock", "k", 0, 10*time.Second)
@@ -539,17 +528,7 @@ func TestLockWhileRedisHangs(t *testing.T) {
 	} else if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopServer(t, pid)
 	g, err := l.Lock(ctx, "k")
 	if err == nil {
 		t.Fatalf("Lock on a hung server returned a grant (token %d)", g.Token())
@@ -584,8 +563,7 @@ func TestCancelWhileEnqueueInFlight(t *testing.T) {
 			srv := redistest.StartServer(t)
 			p := newReplyDropper(t, srv.Addr())
 			admin := srv.NewClient(t)
-			cb := redis.NewClient(&redis.Options{Addr: p.Addr()})
-			t.Cleanup(func() { cb.Close() })
+			cb := p.NewClient(t)
 			const prefix = "inflight"
 			a := newLocker(t, admin, prefix)
 			b := newLocker(t, cb, prefix, redislock.WithTTL(time.Minute))
@@ -614,13 +592,8 @@ func TestCancelWhileEnqueueInFlight(t *testing.T) {
 			p.awaitHeld(10 * time.Second)
 			awaitQueue(t, admin, prefix, "k", want+1, 10*time.Second)
 			cancel()
-			select {
-			case err := <-done:
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("Lock cancelled while its script's reply was in flight: %v", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("a cancelled Lock did not return while its script's reply was in flight")
+			if err := recvWithin(t, done, 5*time.Second, "a cancelled Lock did not return while its script's reply was in flight"); !errors.Is(err, context.Canceled) {
+				t.Errorf("Lock cancelled while its script's reply was in flight: %v", err)
 			}
 			p.deliver()
 			awaitQueue(t, admin, prefix, "k", want, 10*time.Second)
@@ -704,8 +677,7 @@ func TestGrantAnnouncedThenSessionExpired(t *testing.T) {
 	srv := redistest.StartServer(t)
 	p := newReplyDropper(t, srv.Addr())
 	admin := srv.NewClient(t)
-	cb := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	t.Cleanup(func() { cb.Close() })
+	cb := p.NewClient(t)
 	const prefix = "stale-notice"
 	a := newLocker(t, admin, prefix)
 	b := newLocker(t, cb, prefix, redislock.WithTTL(300*time.Millisecond))
@@ -716,14 +688,7 @@ func TestGrantAnnouncedThenSessionExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.arm()
-	bDone := make(chan keylock.Lease, 1)
-	go func() {
-		g, err := b.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		bDone <- g
-	}()
+	bDone := lockAsync(t, ctx, b, "k")
 	p.awaitHeld(10 * time.Second)
 	awaitQueue(t, admin, prefix, "k", 2, 10*time.Second)
 	q, err := admin.ZRange(ctx, redislock.QueueKey(prefix, "k"), 1, 1).Result()
@@ -746,30 +711,7 @@ func TestGrantAnnouncedThenSessionExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.drop()
-	select {
-	case gb := <-bDone:
-		if gb != nil {
-			t.Errorf("B was granted (token %d) while C holds the key (token %d)", gb.Token(), gc.Token())
-			gb.Unlock(ctx)
-		}
-		gc.Unlock(ctx)
-		return
-	case <-time.After(2 * testTTL):
-	}
-	if err := gc.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case gb := <-bDone:
-		if gb != nil {
-			if gb.Token() <= gc.Token() {
-				t.Errorf("B's token %d after C's %d", gb.Token(), gc.Token())
-			}
-			gb.Unlock(ctx)
-		}
-	case <-time.After(3 * testTTL):
-		t.Fatal("B was not granted after C unlocked")
-	}
+	waitsBehind(t, ctx, bDone, "B", gc, "C")
 	awaitQueue(t, admin, prefix, "k", 0, 10*time.Second)
 }
 
@@ -780,8 +722,7 @@ func TestGrantAnnouncedThenSessionExpired(t *testing.T) {
 func TestWaitersHoldNoConnection(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.NewClient(t)
-	small := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 2})
-	t.Cleanup(func() { small.Close() })
+	small := newClient(t, &redis.Options{Addr: srv.Addr(), PoolSize: 2})
 	l := newLocker(t, small, "pool")
 	ctx := context.Background()
 	first, err := l.Lock(ctx, "k")
@@ -913,17 +854,7 @@ func TestRedisPausedMidWait(t *testing.T) {
 		done <- result{g, err}
 	}()
 	awaitQueue(t, admin, "paused", "k", 2, 10*time.Second)
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopServer(t, pid)
 	select {
 	case <-ga.Lost():
 	case r := <-done:
@@ -943,23 +874,19 @@ func TestRedisPausedMidWait(t *testing.T) {
 	case <-time.After(testTTL):
 	}
 	resume()
-	select {
-	case r := <-done:
-		if r.err != nil {
-			if errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled) {
-				t.Errorf("the waiter failed with a context error, its context being live: %v", r.err)
-			}
-			t.Logf("the waiter failed: %v", r.err)
-		} else {
-			if r.g.Token() <= ga.Token() {
-				t.Errorf("the waiter's token %d is not above the lost holder's %d", r.g.Token(), ga.Token())
-			}
-			if err := r.g.Unlock(ctx); err != nil {
-				t.Error(err)
-			}
+	r := recvWithin(t, done, 30*time.Second, "the waiter neither was granted nor failed after the server resumed")
+	if r.err != nil {
+		if errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled) {
+			t.Errorf("the waiter failed with a context error, its context being live: %v", r.err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the waiter neither was granted nor failed after the server resumed")
+		t.Logf("the waiter failed: %v", r.err)
+	} else {
+		if r.g.Token() <= ga.Token() {
+			t.Errorf("the waiter's token %d is not above the lost holder's %d", r.g.Token(), ga.Token())
+		}
+		if err := r.g.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
 	}
 	if err := ga.Unlock(ctx); !errors.Is(err, redislock.ErrLost) {
 		t.Errorf("the old holder's Unlock: %v, want ErrLost", err)
@@ -988,14 +915,7 @@ func TestClusterSlotMoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan keylock.Lease, 1)
-	go func() {
-		g, err := b.Lock(owner.NewContext(ctx), "k")
-		if err != nil {
-			t.Error(err)
-		}
-		done <- g
-	}()
+	done := lockAsync(t, owner.NewContext(ctx), b, "k")
 	admin := cl.NewClient(t)
 	awaitQueue(t, admin, prefix, "k", 2, 10*time.Second)
 
@@ -1052,15 +972,7 @@ func TestClusterSlotMoved(t *testing.T) {
 	if err := ga.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock after the slot moved: %v", err)
 	}
-	var gb keylock.Lease
-	select {
-	case gb = <-done:
-	case <-time.After(3 * testTTL):
-		t.Fatal("the waiter was not granted after the slot moved")
-	}
-	if gb == nil {
-		t.FailNow()
-	}
+	gb := awaitGrant(t, done, 3*testTTL, "the waiter was not granted after the slot moved")
 	if gb.Token() <= ga.Token() {
 		t.Errorf("token %d after %d", gb.Token(), ga.Token())
 	}
@@ -1097,8 +1009,7 @@ func TestCancelWhileRedisHangs(t *testing.T) {
 	a := newLocker(t, srv.NewClient(t), "cancel-hung", redislock.WithTTL(ttl))
 	// A client whose reads wait long: go-redis applies a context's
 	// deadline to reads only with ContextTimeoutEnabled.
-	slow := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second})
-	t.Cleanup(func() { slow.Close() })
+	slow := newClient(t, &redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second})
 	b := newLocker(t, slow, "cancel-hung", redislock.WithTTL(ttl))
 	ctx := context.Background()
 	ga, err := a.Lock(ctx, "k")
@@ -1112,26 +1023,11 @@ func TestCancelWhileRedisHangs(t *testing.T) {
 		done <- err
 	}()
 	awaitQueue(t, admin, "cancel-hung", "k", 2, 10*time.Second)
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopServer(t, pid)
 	cancel()
 	cancelled := time.Now()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("cancelled Lock: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("a cancelled Lock did not return within 15 s while the server hung")
+	if err := recvWithin(t, done, 15*time.Second, "a cancelled Lock did not return while the server hung"); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled Lock: %v", err)
 	}
 	t.Logf("returned after %v", time.Since(cancelled))
 	resume()
@@ -1151,25 +1047,14 @@ func TestUnlockBoundedByItsContextWhileRedisHangs(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.NewClient(t)
 	pid := serverPID(t, admin)
-	slow := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second})
-	t.Cleanup(func() { slow.Close() })
+	slow := newClient(t, &redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second})
 	l := newLocker(t, slow, "unlock-hung", redislock.WithTTL(time.Minute))
 	ctx := context.Background()
 	g, err := l.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopServer(t, pid)
 	uctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()

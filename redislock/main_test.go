@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/redislock"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -53,4 +54,66 @@ func queueLen(t testing.TB, client redis.UniversalClient, prefix, key string) in
 		t.Fatalf("ZCARD %s: %v", redislock.QueueKey(prefix, key), err)
 	}
 	return int(n)
+}
+
+// newClient returns a client made with opts, closed by t.Cleanup: for
+// the clients a test shapes itself (through a proxy, with a small pool,
+// with long reads).
+func newClient(t testing.TB, opts *redis.Options) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// lockAsync calls l.Lock(ctx, key) in a goroutine and returns the
+// channel its Lease comes on (buffered: the goroutine never blocks). A
+// failed Lock fails t and sends nil.
+func lockAsync(t testing.TB, ctx context.Context, l *redislock.Locker, key string) <-chan keylock.Lease {
+	ch := make(chan keylock.Lease, 1)
+	go func() {
+		g, err := l.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		ch <- g
+	}()
+	return ch
+}
+
+// recvWithin returns the next value received from ch, failing t with msg
+// (and the time waited) if none comes within d.
+func recvWithin[T any](t testing.TB, ch <-chan T, d time.Duration, msg string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s (waited %v)", msg, d)
+	}
+	var zero T
+	return zero
+}
+
+// awaitGrant returns the Lease that a channel of lockAsync delivers,
+// failing t with msg if none comes within d, and ending the test at once
+// if the Lock failed (lockAsync has reported its error).
+func awaitGrant(t testing.TB, ch <-chan keylock.Lease, d time.Duration, msg string) keylock.Lease {
+	t.Helper()
+	g := recvWithin(t, ch, d, msg)
+	if g == nil {
+		t.FailNow()
+	}
+	return g
+}
+
+// isClosed reports whether ch is closed (a Lease's Lost, say), without
+// waiting.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -119,14 +119,17 @@ type proc struct {
 	done  chan error  // its exit
 }
 
-// startWorker starts the test binary as a worker with role on the server
-// at addr; t.Cleanup kills it if it is still running.
-func startWorker(t *testing.T, role, addr string, env ...string) *proc {
+// startWorker starts the test binary as a worker with role on key under
+// prefix, on the server at addr, with env added to its environment;
+// t.Cleanup kills it if it is still running.
+func startWorker(t *testing.T, role, addr, prefix, key string, env ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), workerEnv+"="+role,
 		"REDISLOCK_TEST_ADDR="+addr,
-		"REDISLOCK_TEST_TTL="+testTTL.String())
+		"REDISLOCK_TEST_TTL="+testTTL.String(),
+		"REDISLOCK_TEST_PREFIX="+prefix,
+		"REDISLOCK_TEST_KEY="+key)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -227,8 +230,7 @@ func TestProcessesFIFO(t *testing.T) {
 	const n = 3
 	var procs []*proc
 	for i := range n {
-		procs = append(procs, startWorker(t, "fifo", srv.Addr(),
-			"REDISLOCK_TEST_PREFIX="+prefix, "REDISLOCK_TEST_KEY=hot", "REDISLOCK_TEST_ID="+strconv.Itoa(i)))
+		procs = append(procs, startWorker(t, "fifo", srv.Addr(), prefix, "hot", "REDISLOCK_TEST_ID="+strconv.Itoa(i)))
 		awaitQueue(t, c, prefix, "hot", i+2, 30*time.Second)
 	}
 	if err := g.Unlock(ctx); err != nil {
@@ -269,7 +271,7 @@ func TestProcessKilled(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.NewClient(t)
 	const prefix = "kill"
-	p := startWorker(t, "hold", srv.Addr(), "REDISLOCK_TEST_PREFIX="+prefix, "REDISLOCK_TEST_KEY=hot")
+	p := startWorker(t, "hold", srv.Addr(), prefix, "hot")
 	f := strings.Fields(p.line(t, 30*time.Second))
 	if len(f) != 3 || f[0] != "held" {
 		t.Fatalf("worker: %q", f)
@@ -293,12 +295,7 @@ func TestProcessKilled(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	var gr grant
-	select {
-	case gr = <-granted:
-	case <-time.After(testTTL + 10*time.Second):
-		t.Fatal("the waiter was not granted after the holder was killed")
-	}
+	gr := recvWithin(t, granted, testTTL+10*time.Second, "the waiter was not granted after the holder was killed")
 	if gr.g == nil {
 		t.FailNow()
 	}
@@ -330,32 +327,17 @@ func TestProcessPaused(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.NewClient(t)
 	const prefix = "pause"
-	p := startWorker(t, "paused", srv.Addr(), "REDISLOCK_TEST_PREFIX="+prefix, "REDISLOCK_TEST_KEY=hot")
+	p := startWorker(t, "paused", srv.Addr(), prefix, "hot")
 	if line := p.line(t, 30*time.Second); !strings.HasPrefix(line, "held ") {
 		t.Fatalf("worker: %q", line)
 	}
 	l := newLocker(t, c, prefix)
-	granted := make(chan keylock.Lease, 1)
-	go func() {
-		g, err := l.Lock(context.Background(), "hot")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- g
-	}()
+	granted := lockAsync(t, context.Background(), l, "hot")
 	awaitQueue(t, c, prefix, "hot", 2, 10*time.Second)
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	var g keylock.Lease
-	select {
-	case g = <-granted:
-	case <-time.After(testTTL + 10*time.Second):
-		t.Fatal("the waiter was not granted while the holder was stopped")
-	}
-	if g == nil {
-		t.FailNow()
-	}
+	g := awaitGrant(t, granted, testTTL+10*time.Second, "the waiter was not granted while the holder was stopped")
 	ctx := context.Background()
 	if ok, err := fencedWrite(ctx, c, "hot", g.Token(), "waiter"); err != nil || !ok {
 		t.Fatalf("the waiter's fenced write: %v %v", ok, err)
@@ -395,7 +377,7 @@ func TestDeadWaitersDoNotAddUp(t *testing.T) {
 	}
 	var dead []*proc
 	for i := range 3 {
-		dead = append(dead, startWorker(t, "queue", srv.Addr(), "REDISLOCK_TEST_PREFIX="+prefix, "REDISLOCK_TEST_KEY=hot"))
+		dead = append(dead, startWorker(t, "queue", srv.Addr(), prefix, "hot"))
 		awaitQueue(t, c, prefix, "hot", i+2, 30*time.Second)
 	}
 	live := newLocker(t, srv.NewClient(t), prefix)
@@ -420,12 +402,7 @@ func TestDeadWaitersDoNotAddUp(t *testing.T) {
 	if err := h.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var at time.Time
-	select {
-	case at = <-granted:
-	case <-time.After(5 * testTTL):
-		t.Fatal("the live waiter was not granted")
-	}
+	at := recvWithin(t, granted, 5*testTTL, "the live waiter was not granted")
 	took := at.Sub(killed)
 	bound := testTTL + testTTL/3 + 2*time.Second // < 3 TTLs: dead waiters do not add up
 	t.Logf("the live waiter was granted %v after three waiters ahead of it were killed (TTL %v)", took, testTTL)

@@ -113,14 +113,7 @@ func TestScriptFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan keylock.Lease, 1)
-	go func() {
-		l, err := b.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		done <- l
-	}()
+	done := lockAsync(t, ctx, b, "k")
 	awaitQueue(t, c, "flush", "k", 2, 10*time.Second)
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -128,20 +121,13 @@ func TestScriptFlush(t *testing.T) {
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock after SCRIPT FLUSH: %v", err)
 	}
-	select {
-	case l := <-done:
-		if l == nil {
-			t.FailNow()
-		}
-		if l.Token() <= g.Token() {
-			t.Errorf("token %d after %d", l.Token(), g.Token())
-		}
-		l.Unlock(ctx)
-	case <-time.After(testTTL):
-		// Less than the re-read period's worst case: the release's
-		// notice granted it.
-		t.Fatal("the waiter was not granted after SCRIPT FLUSH")
+	// Within testTTL, less than the re-read period's worst case: the
+	// release's notice granted it.
+	l := awaitGrant(t, done, testTTL, "the waiter was not granted after SCRIPT FLUSH")
+	if l.Token() <= g.Token() {
+		t.Errorf("token %d after %d", l.Token(), g.Token())
 	}
+	l.Unlock(ctx)
 	awaitQueue(t, c, "flush", "k", 0, 10*time.Second)
 }
 
@@ -159,32 +145,13 @@ func TestServerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granted := make(chan keylock.Lease, 1)
-	go func() {
-		l, err := lb.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- l
-	}()
+	granted := lockAsync(t, ctx, lb, "k")
 	awaitQueue(t, ca, "restart", "k", 2, 10*time.Second)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-ga.Lost():
-	case <-time.After(3 * testTTL):
-		t.Fatal("the holder's Lost did not close after the server lost its state")
-	}
-	var gb keylock.Lease
-	select {
-	case gb = <-granted:
-	case <-time.After(3 * testTTL):
-		t.Fatal("the waiter was not granted after the restart")
-	}
-	if gb == nil {
-		t.FailNow()
-	}
+	recvWithin(t, ga.Lost(), 3*testTTL, "the holder's Lost did not close after the server lost its state")
+	gb := awaitGrant(t, granted, 3*testTTL, "the waiter was not granted after the restart")
 	if gb.Token() <= ga.Token() {
 		t.Errorf("token %d after the restart, not above the holder's %d", gb.Token(), ga.Token())
 	}
@@ -336,14 +303,7 @@ func TestSubscriptionDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granted := make(chan keylock.Lease, 1)
-	go func() {
-		l, err := w.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- l
-	}()
+	granted := lockAsync(t, ctx, w, "k")
 	awaitQueue(t, c, "dropped", "k", 2, 10*time.Second)
 	if err := c.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
@@ -351,15 +311,8 @@ func TestSubscriptionDropped(t *testing.T) {
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case l := <-granted:
-		if l == nil {
-			t.FailNow()
-		}
-		l.Unlock(ctx)
-	case <-time.After(ttl / 6):
-		t.Fatalf("the waiter was not granted within %v of the release, with its subscription dropped", ttl/6)
-	}
+	l := awaitGrant(t, granted, ttl/6, "the waiter was not granted after the release, with its subscription dropped")
+	l.Unlock(ctx)
 }
 
 // TestSessionExpired: the holder's session marker on its key disappears
@@ -376,33 +329,14 @@ func TestSessionExpired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granted := make(chan keylock.Lease, 1)
-	go func() {
-		l, err := b.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- l
-	}()
+	granted := lockAsync(t, ctx, b, "k")
 	awaitQueue(t, c, "expired", "k", 2, 10*time.Second)
 	marker := redislock.MarkerKey("expired", ga)
 	if n, err := c.Del(ctx, marker).Result(); err != nil || n != 1 {
 		t.Fatalf("DEL %s: %v %v", marker, n, err)
 	}
-	select {
-	case <-ga.Lost():
-	case <-time.After(3 * testTTL):
-		t.Fatal("Lost did not close after the session's marker went")
-	}
-	var gb keylock.Lease
-	select {
-	case gb = <-granted:
-	case <-time.After(3 * testTTL):
-		t.Fatal("the waiter was not granted after the holder's session ended")
-	}
-	if gb == nil {
-		t.FailNow()
-	}
+	recvWithin(t, ga.Lost(), 3*testTTL, "Lost did not close after the session's marker went")
+	gb := awaitGrant(t, granted, 3*testTTL, "the waiter was not granted after the holder's session ended")
 	if gb.Token() <= ga.Token() {
 		t.Errorf("token %d after %d", gb.Token(), ga.Token())
 	}
