@@ -24,10 +24,7 @@ func TestLockUnlock(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/t")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	if g.Key() != "k" || g.Token() == 0 {
 		t.Fatalf("Key %q Token %d", g.Key(), g.Token())
 	}
@@ -42,9 +39,7 @@ func TestLockUnlock(t *testing.T) {
 	if err != nil || !resp.Succeeded {
 		t.Fatalf("fenced write while held: %v, %v", resp, err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	if err := g.Unlock(ctx); err != nil {
 		t.Fatalf("second Unlock: %v", err)
 	}
@@ -54,11 +49,7 @@ func TestLockUnlock(t *testing.T) {
 	if keys := keysUnder(t, c, "/t/"); len(keys) != 0 {
 		t.Fatalf("keys left: %q", keys)
 	}
-	select {
-	case <-g.Lost():
-		t.Fatal("Lost closed by Unlock")
-	default:
-	}
+	notLost(t, g, "after Unlock")
 }
 
 // TestMisuse: New refuses a nil client and a prefix that is empty or only
@@ -80,9 +71,7 @@ func TestMisuse(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lock on a Locker made with a nil Option: %v", err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	defer func() {
 		if r := recover(); r != "etcdlock: Locked with a nil context" {
 			t.Fatalf("Locked(nil) recovered %v", r)
@@ -99,10 +88,7 @@ func TestFIFO(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/fifo")
 	ctx := context.Background()
-	first, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustLock(t, ctx, l, "k")
 	const n = 12 // more than the eight keys a waiter subscribes to
 	var (
 		mu     sync.Mutex
@@ -129,9 +115,7 @@ func TestFIFO(t *testing.T) {
 		}()
 		waitKeys(t, c, "/fifo/", i+2, 5*time.Second)
 	}
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, first)
 	wg.Wait()
 	want := make([]int, n)
 	for i := range want {
@@ -166,22 +150,16 @@ func TestTryLockNeverOvertakes(t *testing.T) {
 	if _, err := other.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock of a held key: %v", err)
 	}
-	granted := make(chan keylock.Lease)
-	go func() {
-		w, err := other.Lock(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- w
-	}()
+	waiter := startLock(ctx, other.Lock, "k")
 	waitKeys(t, c, "/try/", 2, 5*time.Second)
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock behind a waiter after the release: %v", err)
 	}
-	w := <-granted
+	w, err := waiter.wait()
+	if err != nil {
+		t.Fatalf("the waiter's Lock: %v", err)
+	}
 	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock while the waiter holds: %v", err)
 	}
@@ -190,16 +168,12 @@ func TestTryLockNeverOvertakes(t *testing.T) {
 	if !errors.As(err, &le) || le.Op != "TryLock" || le.Key != "k" || !strings.Contains(err.Error(), `"k"`) {
 		t.Fatalf("error %v does not name the call and key", err)
 	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, w)
 	g, err = l.TryLock(ctx, "k")
 	if err != nil {
 		t.Fatalf("TryLock of a free key: %v", err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	waitKeys(t, c, "/try/", 0, 5*time.Second)
 }
 
@@ -209,10 +183,7 @@ func TestReentrant(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/re", etcdlock.WithDebug())
 	ctx := owner.NewContext(context.Background())
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	for name, call := range map[string]func() error{
 		"Lock":     func() error { _, err := l.Lock(ctx, "k"); return err },
 		"TryLock":  func() error { _, err := l.TryLock(ctx, "k"); return err },
@@ -233,16 +204,9 @@ func TestReentrant(t *testing.T) {
 	if _, err := l.Lock(tctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock by another owner: %v, want a deadline", err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	g2, err := l.Lock(other, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g2.Unlock(other); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
+	g2 := mustLock(t, other, l, "k")
+	mustUnlock(t, other, g2)
 	st := registry.Snapshot("", 0)
 	var found bool
 	for _, s := range st {
@@ -261,17 +225,9 @@ func TestStaleUnlock(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/stale")
 	ctx := context.Background()
-	g1, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g1.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	g2, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g1 := mustLock(t, ctx, l, "k")
+	mustUnlock(t, ctx, g1)
+	g2 := mustLock(t, ctx, l, "k")
 	if err := g1.Unlock(ctx); err != nil {
 		t.Fatalf("stale Unlock: %v", err)
 	}
@@ -282,14 +238,8 @@ func TestStaleUnlock(t *testing.T) {
 	if resp, _ := c.Txn(ctx).If(isOwner(g1)).Commit(); resp.Succeeded {
 		t.Fatal("the old grant's IsOwner holds")
 	}
-	select {
-	case <-g2.Lost():
-		t.Fatal("the new grant is lost")
-	default:
-	}
-	if err := g2.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	notLost(t, g2, "the new grant after a stale Unlock")
+	mustUnlock(t, ctx, g2)
 }
 
 // TestWait: Wait returns at once on a free key, waits for the holder, and
@@ -304,25 +254,17 @@ func TestWait(t *testing.T) {
 	if keys := keysUnder(t, c, "/wait/"); len(keys) != 0 {
 		t.Fatalf("Wait on a free key wrote %q", keys)
 	}
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error)
-	go func() { done <- l.Wait(owner.NewContext(ctx), "k") }()
+	g := mustLock(t, ctx, l, "k")
+	waiter := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return nil, l.Wait(ctx, "k") })
 	waitKeys(t, c, "/wait/", 2, 5*time.Second)
 	if _, err := l.TryLock(owner.NewContext(ctx), "k"); !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock behind a Wait: %v", err)
 	}
-	select {
-	case err := <-done:
-		t.Fatalf("Wait returned %v while the key is held", err)
-	default:
+	if waiter.returned() {
+		t.Fatalf("Wait returned %v while the key is held", waiter.err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
+	mustUnlock(t, ctx, g)
+	if _, err := waiter.wait(); err != nil {
 		t.Fatal(err)
 	}
 	waitKeys(t, c, "/wait/", 0, 5*time.Second)
@@ -355,11 +297,7 @@ func TestKeyEscaping(t *testing.T) {
 			t.Errorf("UnescapeKey(%q) = %q, not a locked key", name, k)
 		}
 	}
-	for _, g := range gs {
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustUnlock(t, ctx, gs...)
 }
 
 // TestCancelLeavesNoKeys: 100 waiters with random timeouts, some granted,
@@ -369,10 +307,7 @@ func TestCancelLeavesNoKeys(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/cancel")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	var wg sync.WaitGroup
 	var granted, canceled sync.Map
 	for i := range 100 {
@@ -397,9 +332,7 @@ func TestCancelLeavesNoKeys(t *testing.T) {
 		}()
 	}
 	time.Sleep(150 * time.Millisecond) // let some time out while the key is held
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	wg.Wait()
 	var ng, nc int
 	granted.Range(func(any, any) bool { ng++; return true })
@@ -411,29 +344,21 @@ func TestCancelLeavesNoKeys(t *testing.T) {
 	waitKeys(t, c, "/cancel/", 0, 10*time.Second)
 
 	// Close with queued waiters: they get ErrClosed, and nothing stays.
-	h, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	errs := make(chan error, 10)
-	for range 10 {
-		go func() {
-			_, err := l.Lock(owner.NewContext(ctx), "k")
-			errs <- err
-		}()
+	h := mustLock(t, ctx, l, "k")
+	waiters := make([]*pending, 10)
+	for i := range waiters {
+		waiters[i] = startLock(owner.NewContext(ctx), l.Lock, "k")
 	}
 	waitKeys(t, c, "/cancel/", 11, 5*time.Second)
 	closed := make(chan error)
 	go func() { closed <- l.Close(ctx) }()
-	for range 10 {
-		if err := <-errs; !errors.Is(err, fairlock.ErrClosed) {
+	for _, w := range waiters {
+		if _, err := w.wait(); !errors.Is(err, fairlock.ErrClosed) {
 			t.Errorf("waiter at Close: %v, want ErrClosed", err)
 		}
 	}
 	waitKeys(t, c, "/cancel/", 1, 5*time.Second) // the holder's
-	if err := h.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, h)
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
@@ -454,10 +379,7 @@ func TestCloseRevokesHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if err := l.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -480,34 +402,17 @@ func TestLostOnDelete(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/del")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	if _, err := c.Delete(ctx, "/del/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-g.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lost not closed 5 s after the key was deleted")
-	}
+	awaitLost(t, g, 5*time.Second, "after the key was deleted")
 	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
 		t.Fatalf("Unlock of a lost grant: %v, want ErrLost", err)
 	}
 	// A queued call whose key is deleted queues again, at the back.
-	g, err = l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error)
-	go func() {
-		w, err := l.Lock(owner.NewContext(ctx), "k")
-		if err == nil {
-			err = w.Unlock(ctx)
-		}
-		done <- err
-	}()
+	g = mustLock(t, ctx, l, "k")
+	waiter := startLock(owner.NewContext(ctx), l.Lock, "k")
 	waitKeys(t, c, "/del/", 2, 5*time.Second)
 	waiterKey := keysUnder(t, c, "/del/")[1]
 	if _, err := c.Delete(ctx, waiterKey); err != nil {
@@ -520,17 +425,13 @@ func TestLostOnDelete(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	select {
-	case <-g.Lost():
-		t.Fatal("the holder lost its grant when a waiter's key was deleted")
-	default:
+	notLost(t, g, "the holder, once a waiter's key was deleted")
+	mustUnlock(t, ctx, g)
+	w, err := waiter.wait()
+	if err != nil {
+		t.Fatalf("the waiter whose key was deleted: %v", err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, w)
 	waitKeys(t, c, "/del/", 0, 5*time.Second)
 }
 
@@ -541,10 +442,7 @@ func TestRevokedLease(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/revoke")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	resp, err := c.Get(ctx, "/revoke/", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("%v %v", resp, err)
@@ -554,22 +452,15 @@ func TestRevokedLease(t *testing.T) {
 	if _, err := c.Revoke(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-g.Lost():
-		t.Logf("Lost closed %v after the revoke", time.Since(revoked))
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lost not closed 5 s after the revoke")
-	}
+	awaitLost(t, g, 5*time.Second, "after the revoke")
+	t.Logf("Lost closed %v after the revoke", time.Since(revoked))
 	if tr, err := c.Txn(ctx).If(isOwner(g)).Then(clientv3.OpPut("/data", "x")).Commit(); err != nil || tr.Succeeded {
 		t.Fatalf("fenced write with a revoked grant: %v %v", tr, err)
 	}
 	if err := g.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
 		t.Fatalf("Unlock of a revoked grant: %v, want ErrLost", err)
 	}
-	g2, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g2 := mustLock(t, ctx, l, "k")
 	resp, err = c.Get(ctx, "/revoke/", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) == lease {
 		t.Fatalf("after the revoke: %v %v", resp, err)
@@ -577,9 +468,7 @@ func TestRevokedLease(t *testing.T) {
 	if g2.Token() <= g.Token() {
 		t.Fatalf("token %d after %d", g2.Token(), g.Token())
 	}
-	if err := g2.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g2)
 }
 
 // TestLockMany: keylock.LockMany over etcdlock (which has no LockMany of
@@ -646,21 +535,8 @@ func TestDebugAndObserver(t *testing.T) {
 	obs := &countingObserver{}
 	l := newLocker(t, c, "/dbg", etcdlock.WithDebug(), etcdlock.WithName("dbg-test"), etcdlock.WithObserver(obs))
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k\n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w, err := l.Lock(owner.NewContext(ctx), "k\n1")
-		if err == nil {
-			err = w.Unlock(ctx)
-		}
-		if err != nil {
-			t.Error(err)
-		}
-	}()
+	g := mustLock(t, ctx, l, "k\n1")
+	waiter := startLock(owner.NewContext(ctx), l.Lock, "k\n1")
 	waitKeys(t, c, "/dbg/", 2, 5*time.Second)
 	st := registry.Snapshot("dbg-test", 0)
 	if len(st) != 1 || len(st[0].Held) != 1 {
@@ -673,21 +549,18 @@ func TestDebugAndObserver(t *testing.T) {
 	if s := obs.stats(); s.Keys != 1 || s.Waiters != 1 {
 		t.Fatalf("observer stats %+v", s)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
+	mustUnlock(t, ctx, g)
+	w, err := waiter.wait()
+	if err != nil {
+		t.Fatalf("the waiter: %v", err)
 	}
-	<-done
+	mustUnlock(t, ctx, w)
 	g, err = l.TryLock(ctx, "k\n1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	last, err := l.Lock(ctx, "k\n1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
+	last := mustLock(t, ctx, l, "k\n1")
 	if _, err := l.Lock(ctx, "k\n1"); !errors.Is(err, fairlock.ErrReentrant) {
 		t.Fatal(err)
 	}
@@ -728,22 +601,16 @@ func TestContextCauseIsNotTheResult(t *testing.T) {
 	obs := &countingObserver{}
 	l := newLocker(t, c, "/cause", etcdlock.WithObserver(obs))
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	wctx, cancel := context.WithCancelCause(owner.NewContext(ctx))
-	done := make(chan error, 1)
-	go func() { _, err := l.Lock(wctx, "k"); done <- err }()
+	waiter := startLock(wctx, l.Lock, "k")
 	waitKeys(t, c, "/cause/", 2, 5*time.Second)
 	cause := fmt.Errorf("a sibling call failed: %w", fairlock.ErrClosed)
 	cancel(cause)
-	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+	if _, err := waiter.wait(); !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
 		t.Fatalf("the waiter: %v, want context.Canceled with the cause", err)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	obs.mu.Lock()
 	canceled, closed := obs.canceled, obs.closed
 	obs.mu.Unlock()
@@ -813,17 +680,12 @@ func TestWatchRestart(t *testing.T) {
 	c := startClient(t)
 	l := newLocker(t, c, "/rewatch")
 	ctx := context.Background()
-	g1, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := l.Lock(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g1 := mustLock(t, ctx, l, "k")
+	other := mustLock(t, ctx, l, "other")
 	order := make(chan int, 3)
 	var wg sync.WaitGroup
-	for i := range 2 {
+	// queue starts waiter i, which sends i on order once granted.
+	queue := func(i int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -837,30 +699,19 @@ func TestWatchRestart(t *testing.T) {
 				t.Error(err)
 			}
 		}()
+	}
+	for i := range 2 {
+		queue(i)
 		waitKeys(t, c, "/rewatch/k/", i+2, 5*time.Second)
 	}
 	resume := testhook.PauseWatch(l)
-	if err := g1.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g1)
 	if _, err := c.Delete(ctx, "/rewatch/other/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	// A call that queues while the watch is down subscribes once it is
 	// back, reading its queue again.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w, err := l.Lock(owner.NewContext(ctx), "k")
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		order <- 2
-		if err := w.Unlock(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	queue(2)
 	waitKeys(t, c, "/rewatch/k/", 3, 5*time.Second)
 	select {
 	case i := <-order:
@@ -870,11 +721,7 @@ func TestWatchRestart(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	resume()
-	select {
-	case <-other.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the grant whose key was deleted during the outage is not lost")
-	}
+	awaitLost(t, other, 5*time.Second, "after the watch restarted, its key deleted during the outage")
 	wg.Wait()
 	if a, b, c := <-order, <-order, <-order; a != 0 || b != 1 || c != 2 {
 		t.Fatalf("granted %d, %d, %d after the watch restarted", a, b, c)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
-	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -40,14 +39,8 @@ func TestUnlockAfterOnlyMemberStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	before, err := l.Lock(ctx, "before")
-	if err != nil {
-		t.Fatal(err)
-	}
-	while, err := l.Lock(ctx, "while")
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := mustLock(t, ctx, l, "before")
+	while := mustLock(t, ctx, l, "while")
 
 	c.Members[0].Stop()
 	// Unlock of "while" starts before the grant is lost and runs past the
@@ -58,11 +51,7 @@ func TestUnlockAfterOnlyMemberStops(t *testing.T) {
 		defer cancel()
 		whileErr <- while.Unlock(uctx)
 	}()
-	select {
-	case <-before.Lost():
-	case <-time.After(3 * faultTTL):
-		t.Fatalf("Lost still open %v after the only member the client knows stopped", 3*faultTTL)
-	}
+	awaitLost(t, before, 3*faultTTL, "after the only member the client knows stopped")
 	uctx, cancel := context.WithTimeout(ctx, time.Second)
 	err = before.Unlock(uctx)
 	cancel()
@@ -102,10 +91,7 @@ func TestStalledMemberKeepsLease(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
 	l := newLocker(t, c.Client(t), "/stall", etcdlock.WithTTL(faultTTL), etcdlock.WithLogger(quiet))
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	c.Members[0].Stall()
 	defer c.Members[0].Heal()
 	select {
@@ -120,9 +106,7 @@ func TestStalledMemberKeepsLease(t *testing.T) {
 		t.Fatalf("the grant is not current in etcd: %v %v", resp, err)
 	}
 	c.Members[0].Heal()
-	if err := g.Unlock(tctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, tctx, g)
 }
 
 // TestStalledWatchReplaced: a waiter's Locker knows members p and q, and
@@ -153,20 +137,8 @@ func TestStalledWatchReplaced(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	held, err := holders.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		g   keylock.Lease
-		err error
-		at  time.Time
-	}
-	granted := make(chan result, 1)
-	go func() {
-		g, err := waiters.Lock(ctx, "k")
-		granted <- result{g, err, time.Now()}
-	}()
+	held := mustLock(t, ctx, holders, "k")
+	waiter := startLock(ctx, waiters.Lock, "k")
 	waitKeys(t, c.Client(t, 2), "/watch/", 2, 10*time.Second)
 	resp, err := c.Client(t, 2).Get(ctx, "/watch/", clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
@@ -178,26 +150,17 @@ func TestStalledWatchReplaced(t *testing.T) {
 	p.Stall()
 	defer p.Heal()
 	released := time.Now()
-	if err := held.Unlock(ctx); err != nil {
+	mustUnlock(t, ctx, held)
+	g, err := waiter.within(t, 3*faultTTL, "the waiter, after the release, its watch's member stalled")
+	if err != nil {
 		t.Fatal(err)
 	}
-	var r result
-	select {
-	case r = <-granted:
-	case <-time.After(3 * faultTTL):
-		t.Fatalf("the waiter was not granted %v after the release, its watch's member stalled", 3*faultTTL)
-	}
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Logf("granted %v after the release", r.at.Sub(released))
-	if got := int64(r.g.Token()); got != queuedAt {
+	t.Logf("granted %v after the release", waiter.at.Sub(released))
+	if got := int64(g.Token()); got != queuedAt {
 		t.Errorf("granted with token %d, want %d, the revision of the key it queued with: it lost its place", got, queuedAt)
 	}
 	p.Heal()
-	if err := r.g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 }
 
 // TestKeyTooLarge: a key larger than etcd takes (2 MiB; the client sends

@@ -34,45 +34,6 @@ func newSemaphore(t testing.TB, client *clientv3.Client, prefix string, n int64,
 	return s
 }
 
-// pending is a lock call running on a goroutine of its own.
-type pending struct {
-	done  chan struct{}
-	lease keylock.Lease
-	err   error
-}
-
-func start(ctx context.Context, f func(context.Context) (keylock.Lease, error)) *pending {
-	p := &pending{done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.lease, p.err = f(ctx)
-	}()
-	return p
-}
-
-func (p *pending) returned() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// granted waits for p and fails unless it returned a grant.
-func (p *pending) granted(t *testing.T, what string) keylock.Lease {
-	t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: not granted within 10 s", what)
-	}
-	if p.err != nil || p.lease == nil {
-		t.Fatalf("%s: (%v, %v), want a grant", what, p.lease, p.err)
-	}
-	return p.lease
-}
-
 // queued polls until n keys are in key's range under prefix, failing if
 // any of ps returns meanwhile: each must still be queued.
 func queued(t *testing.T, c *clientv3.Client, prefix, key string, n int, ps ...*pending) {
@@ -104,10 +65,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	three := newSemaphore(t, srv.Client(t), "/mixed", 3)
 	five := newSemaphore(t, srv.Client(t), "/mixed", 5)
 	ctx := context.Background()
-	held, err := three.Acquire(owner.NewContext(ctx), "k", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustAcquire(t, owner.NewContext(ctx), three, "k", 1)
 	check := func(what string, l keylock.Lease, err error) {
 		t.Helper()
 		var le *fairlock.LockError
@@ -127,11 +85,8 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	check("TryAcquire(1) of a 5-unit Semaphore", l, err)
 	// Also when the 3-unit Semaphore's units are all taken and a call of
 	// its own is queued: the 5-unit call does not queue behind them.
-	rest, err := three.Acquire(owner.NewContext(ctx), "k", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return three.Acquire(ctx, "k", 3) })
+	rest := mustAcquire(t, owner.NewContext(ctx), three, "k", 2)
+	q := startAcquire(owner.NewContext(ctx), three, "k", 3)
 	queued(t, admin, "/mixed", "k", 3, q)
 	l, err = five.Acquire(ctx, "k", 5)
 	var le *fairlock.LockError
@@ -139,26 +94,15 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		t.Fatalf("Acquire(5) of a 5-unit Semaphore behind 3-unit calls: (%v, %v)", l, err)
 	}
 	queued(t, admin, "/mixed", "k", 3, q)
-	for _, g := range []keylock.Lease{held, rest} {
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := q.granted(t, "the queued Acquire(3)").Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, held, rest)
+	mustUnlock(t, ctx, q.granted(t, "the queued Acquire(3)"))
 	waitKeys(t, admin, "/mixed/", 0, 5*time.Second)
 	// On a free key the 5-unit Semaphore is first, and the 3-unit one fails.
-	first, err := five.Acquire(ctx, "k", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustAcquire(t, ctx, five, "k", 4)
 	if l, err := three.Acquire(ctx, "k", 1); l != nil || !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.Contains(err.Error(), "has 3 units") || !strings.Contains(err.Error(), "one of 5") {
 		t.Fatalf("Acquire(1) of a 3-unit Semaphore beside a 5-unit call: (%v, %v)", l, err)
 	}
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, first)
 	waitKeys(t, admin, "/mixed/", 0, 5*time.Second)
 }
 
@@ -189,10 +133,10 @@ func TestReadersShareAcrossClients(t *testing.T) {
 	if l, err := ls[3].TryLock(owner.NewContext(ctx), "k"); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryLock beside readers: (%v, %v), want ErrWouldBlock", l, err)
 	}
-	w := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return ls[0].Lock(ctx, "k") })
+	w := startLock(owner.NewContext(ctx), ls[0].Lock, "k")
 	queued(t, admin, "/rw", "k", 5, w)
 	// The reader behind the queued writer waits, and TryRLock refuses.
-	r := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return ls[1].RLock(ctx, "k") })
+	r := startLock(owner.NewContext(ctx), ls[1].RLock, "k")
 	queued(t, admin, "/rw", "k", 6, w, r)
 	if l, err := ls[2].TryRLock(owner.NewContext(ctx), "k"); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryRLock behind a queued writer: (%v, %v), want ErrWouldBlock", l, err)
@@ -201,22 +145,16 @@ func TestReadersShareAcrossClients(t *testing.T) {
 		if w.returned() {
 			t.Fatalf("the writer was granted with %d of 4 readers still holding", 4-i)
 		}
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, g)
 	}
 	wg := w.granted(t, "the writer")
 	queued(t, admin, "/rw", "k", 2, r)
-	if err := wg.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, wg)
 	lr := r.granted(t, "the reader behind the writer")
 	if lr.Token() <= wg.Token() {
 		t.Fatalf("reader's token %d not above the writer's %d", lr.Token(), wg.Token())
 	}
-	if err := lr.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, lr)
 	waitKeys(t, admin, "/rw/", 0, 5*time.Second)
 }
 
@@ -231,20 +169,15 @@ func TestSemaphoreHeadOfLine(t *testing.T) {
 		ss = append(ss, newSemaphore(t, srv.Client(t), "/hol", 4))
 	}
 	ctx := context.Background()
-	a, err := ss[0].Acquire(ctx, "k", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return ss[1].Acquire(ctx, "k", 2) })
+	a := mustAcquire(t, ctx, ss[0], "k", 3)
+	b := startAcquire(owner.NewContext(ctx), ss[1], "k", 2)
 	queued(t, admin, "/hol", "k", 2, b)
-	c := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return ss[2].Acquire(ctx, "k", 1) })
+	c := startAcquire(owner.NewContext(ctx), ss[2], "k", 1)
 	queued(t, admin, "/hol", "k", 3, b, c) // 1 unit is free, but 2 are asked first
 	if l, err := ss[0].TryAcquire(owner.NewContext(ctx), "k", 1); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryAcquire(1) with a unit free behind a queued request: (%v, %v), want ErrWouldBlock", l, err)
 	}
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, a)
 	lb := b.granted(t, "Acquire(2)")
 	lc := c.granted(t, "Acquire(1) behind it") // 2+1 fit in 4: together
 	// 3 of 4 units held: one more fits, two do not.
@@ -255,11 +188,7 @@ func TestSemaphoreHeadOfLine(t *testing.T) {
 	if l, err := ss[0].TryAcquire(owner.NewContext(ctx), "k", 1); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("TryAcquire(1) with every unit held: (%v, %v)", l, err)
 	}
-	for _, g := range []keylock.Lease{lb, lc, d} {
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustUnlock(t, ctx, lb, lc, d)
 	for _, w := range []int64{0, 5} {
 		if l, err := ss[0].Acquire(ctx, "k", w); l != nil || !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.Contains(err.Error(), "of 4 units") {
 			t.Fatalf("Acquire(%d) of a 4-unit Semaphore: (%v, %v)", w, l, err)
@@ -298,16 +227,10 @@ func TestModesTokensAndLoss(t *testing.T) {
 		}
 		return g
 	}
-	unlock := func(g keylock.Lease) {
-		t.Helper()
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 	g, err := l.Lock(ctx, "k")
-	unlock(next("Lock", g, err))
+	mustUnlock(t, ctx, next("Lock", g, err))
 	g, err = l.TryLock(ctx, "k")
-	unlock(next("TryLock", g, err))
+	mustUnlock(t, ctx, next("TryLock", g, err))
 	r1, err := l.RLock(owner.NewContext(ctx), "k")
 	r1 = next("RLock", r1, err)
 	r2, err := l.TryRLock(owner.NewContext(ctx), "k")
@@ -342,17 +265,12 @@ func TestModesTokensAndLoss(t *testing.T) {
 			prefix = "/modes-sem"
 		}
 		deleteGrant(t, admin, rangeUnder(prefix, "k"), g)
-		select {
-		case <-g.Lost():
-		case <-time.After(10 * time.Second):
-			t.Fatal("Lost not closed after the grant's key was deleted")
-		}
+		awaitLost(t, g, 10*time.Second, "after the grant's key was deleted")
 		if err := g.Unlock(ctx); !errors.Is(err, fairlock.ErrLost) {
 			t.Fatalf("Unlock of a lost grant: %v, want ErrLost", err)
 		}
 	}
-	unlock(r2)
-	unlock(u2)
+	mustUnlock(t, ctx, r2, u2)
 	waitKeys(t, admin, "/modes", 0, 5*time.Second)
 	// The observer hears every mode: each grant and each release, the
 	// lost ones' included.
@@ -399,21 +317,14 @@ func TestReentrantInEveryMode(t *testing.T) {
 		if keys := keysUnder(t, admin, "/re-modes/"); len(keys) != 1 {
 			t.Errorf("reentrant calls left keys: %q", keys)
 		}
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, g)
 	}
-	u, err := s.Acquire(ctx, "k", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := mustAcquire(t, ctx, s, "k", 1)
 	if l, err := s.Acquire(ctx, "k", 1); l != nil || !errors.Is(err, fairlock.ErrReentrant) {
 		t.Errorf("Acquire by an owner that holds units: (%v, %v), want ErrReentrant", l, err)
 	}
 	if l, err := s.TryAcquire(ctx, "k", 1); l != nil || !errors.Is(err, fairlock.ErrReentrant) {
 		t.Errorf("TryAcquire by an owner that holds units: (%v, %v), want ErrReentrant", l, err)
 	}
-	if err := u.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, u)
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -264,10 +263,7 @@ func TestProcessesFIFO(t *testing.T) {
 	c := srv.Client(t)
 	l := newLocker(t, c, "/pfifo")
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "hot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "hot")
 	const n = 4
 	var procs []*proc
 	for i := range n {
@@ -275,9 +271,7 @@ func TestProcessesFIFO(t *testing.T) {
 			"ETCDLOCK_TEST_PREFIX=/pfifo", "ETCDLOCK_TEST_KEY=hot", "ETCDLOCK_TEST_ID="+strconv.Itoa(i)))
 		waitKeys(t, c, "/pfifo/", i+2, 30*time.Second)
 	}
-	if err := g.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, g)
 	for _, p := range procs {
 		p.wait(t, 60*time.Second)
 	}
@@ -362,30 +356,17 @@ func TestProcessKilled(t *testing.T) {
 		t.Fatalf("worker says %q; its key's revision is %d", line, dead.CreateRevision)
 	}
 	l := newLocker(t, c, "/kill")
-	type grant struct {
-		g  keylock.Lease
-		at time.Time
-	}
-	granted := make(chan grant, 1)
-	go func() {
-		g, err := l.Lock(context.Background(), "hot")
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- grant{g, time.Now()}
-	}()
+	waiter := startLock(context.Background(), l.Lock, "hot")
 	waitKeys(t, c, "/kill/", 2, 10*time.Second)
 	killed := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	var gr grant
-	select {
-	case gr = <-granted:
-	case <-time.After(testTTL + 10*time.Second):
-		t.Fatal("the waiter was not granted after the holder was killed")
+	g, err := waiter.within(t, testTTL+10*time.Second, "the waiter, once the holder was killed")
+	if err != nil {
+		t.Fatalf("the waiter: %v", err)
 	}
-	took := gr.at.Sub(killed)
+	took := waiter.at.Sub(killed)
 	t.Logf("granted %v after SIGKILL (TTL %v)", took, testTTL)
 	if took > testTTL+time.Second {
 		t.Errorf("granted %v after SIGKILL, more than TTL + 1 s", took)
@@ -395,12 +376,10 @@ func TestProcessKilled(t *testing.T) {
 	if err != nil || tr.Succeeded {
 		t.Fatalf("write fenced with the dead grant: %v %v", tr, err)
 	}
-	if gr.g.Token() <= uint64(dead.CreateRevision) {
-		t.Fatalf("token %d after the dead grant's %d", gr.g.Token(), dead.CreateRevision)
+	if g.Token() <= uint64(dead.CreateRevision) {
+		t.Fatalf("token %d after the dead grant's %d", g.Token(), dead.CreateRevision)
 	}
-	if err := gr.g.Unlock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, context.Background(), g)
 }
 
 // answered is a gRPC interceptor that, once armed, closes done when a
@@ -436,24 +415,14 @@ func TestServerRestart(t *testing.T) {
 	// between fails b's Lock with the transaction's error (its outcome
 	// unknown to b), as Lock documents.
 	enq := &answered{done: make(chan struct{})}
-	cb, err := clientv3.New(clientv3.Config{
-		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(enq.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cb.Close() }) // after lb's Close
+	cb := interceptedClient(t, srv, enq.intercept) // closed after lb
 	// A TTL that outlasts the outage as the clients see it: the stop,
 	// the restart and gRPC's first reconnection delay (about 1 s).
 	const ttl = 5 * time.Second
 	la := newLocker(t, ca, "/restart", etcdlock.WithTTL(ttl))
 	lb := newLocker(t, cb, "/restart", etcdlock.WithTTL(ttl))
 	ctx := context.Background()
-	ga, err := la.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ga := mustLock(t, ctx, la, "k")
 	var mu sync.Mutex
 	var gb keylock.Lease
 	enq.arm()
@@ -515,7 +484,7 @@ func TestServerRestart(t *testing.T) {
 			t.Fatalf("a's Lost is open but its grant is not current: %v %v", tr, err)
 		}
 	}
-	err = ga.Unlock(ctx)
+	err := ga.Unlock(ctx)
 	if aLost != errors.Is(err, etcdlock.ErrLost) || (!aLost && err != nil) {
 		t.Fatalf("a's Unlock: %v (lost: %v)", err, aLost)
 	}
@@ -526,18 +495,11 @@ func TestServerRestart(t *testing.T) {
 	if err != nil || !tr.Succeeded {
 		t.Fatalf("b's fenced write: %v %v", tr, err)
 	}
-	if err := gb.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, gb)
 	// Both Lockers go on working.
 	for _, l := range []*etcdlock.Locker{la, lb} {
-		g, err := l.Lock(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		g := mustLock(t, ctx, l, "k")
+		mustUnlock(t, ctx, g)
 	}
 	waitKeys(t, ca, "/restart/", 0, 10*time.Second)
 }
@@ -552,18 +514,11 @@ func TestOutageLongerThanTTL(t *testing.T) {
 	ca, cb := srv.Client(t), srv.Client(t)
 	la, lb := newLocker(t, ca, "/outage"), newLocker(t, cb, "/outage")
 	ctx := context.Background()
-	ga, err := la.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ga := mustLock(t, ctx, la, "k")
 	srv.Stop()
 	stopped := time.Now()
-	select {
-	case <-ga.Lost():
-		t.Logf("Lost closed %v after the server stopped (TTL %v)", time.Since(stopped), testTTL)
-	case <-time.After(testTTL + 5*time.Second):
-		t.Fatal("Lost not closed while the server was down for longer than the TTL")
-	}
+	awaitLost(t, ga, testTTL+5*time.Second, "after the server stopped, down for longer than the TTL")
+	t.Logf("Lost closed %v after the server stopped (TTL %v)", time.Since(stopped), testTTL)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -579,9 +534,7 @@ func TestOutageLongerThanTTL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, g)
 	}
 	waitKeys(t, ca, "/outage/", 0, 10*time.Second)
 }

@@ -20,8 +20,6 @@ import (
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -40,10 +38,7 @@ func TestSemaphoreSizeOwnerKeepsKey(t *testing.T) {
 	three := newSemaphore(t, srv.Client(t), "/owner", 3)
 	five := newSemaphore(t, srv.Client(t), "/owner", 5)
 	ctx := context.Background()
-	held, err := three.Acquire(owner.NewContext(ctx), "k", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustAcquire(t, owner.NewContext(ctx), three, "k", 1)
 	leaving := rangeUnder("/owner", "k") + "7-1-u1.5"
 	if _, err := admin.Put(ctx, leaving, "a 5-unit call on its way out"); err != nil {
 		t.Fatal(err)
@@ -51,7 +46,7 @@ func TestSemaphoreSizeOwnerKeepsKey(t *testing.T) {
 	if l, err := three.TryAcquire(owner.NewContext(ctx), "k", 1); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		t.Fatalf("3-unit TryAcquire(1) behind a 5-unit call that queued behind a 3-unit holder: (%v, %v), want ErrWouldBlock", l, err)
 	}
-	q := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return three.Acquire(ctx, "k", 1) })
+	q := startAcquire(owner.NewContext(ctx), three, "k", 1)
 	queued(t, admin, "/owner", "k", 3, q)
 	if l, err := five.Acquire(ctx, "k", 1); l != nil || !errors.Is(err, fairlock.ErrInvalidWeight) || !strings.Contains(err.Error(), "one of 3") {
 		t.Fatalf("5-unit Acquire(1) on a key a 3-unit call reached first: (%v, %v), want ErrInvalidWeight naming 3", l, err)
@@ -60,11 +55,7 @@ func TestSemaphoreSizeOwnerKeepsKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := q.granted(t, "the 3-unit Acquire(1) once the 5-unit call left")
-	for _, l := range []keylock.Lease{held, g} {
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustUnlock(t, ctx, held, g)
 	waitKeys(t, admin, "/owner/", 0, 5*time.Second)
 }
 
@@ -81,38 +72,27 @@ func TestWatchRestartModes(t *testing.T) {
 	s := newSemaphore(t, srv.Client(t), "/sem-restart", 4)
 	ctx := context.Background()
 
-	w1, err := l.Lock(owner.NewContext(ctx), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r1 := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return l.RLock(ctx, "k") })
+	w1 := mustLock(t, owner.NewContext(ctx), l, "k")
+	r1 := startLock(owner.NewContext(ctx), l.RLock, "k")
 	queued(t, admin, "/rw-restart", "k", 2, r1)
-	r2 := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return l.RLock(ctx, "k") })
+	r2 := startLock(owner.NewContext(ctx), l.RLock, "k")
 	queued(t, admin, "/rw-restart", "k", 3, r1, r2)
-	w2 := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return l.Lock(ctx, "k") })
+	w2 := startLock(owner.NewContext(ctx), l.Lock, "k")
 	queued(t, admin, "/rw-restart", "k", 4, r1, r2, w2)
-	r3 := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return l.RLock(ctx, "k") })
+	r3 := startLock(owner.NewContext(ctx), l.RLock, "k")
 	queued(t, admin, "/rw-restart", "k", 5, r1, r2, w2, r3)
 
-	a, err := s.Acquire(owner.NewContext(ctx), "k", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return s.Acquire(ctx, "k", 2) })
+	a := mustAcquire(t, owner.NewContext(ctx), s, "k", 3)
+	b := startAcquire(owner.NewContext(ctx), s, "k", 2)
 	queued(t, admin, "/sem-restart", "k", 2, b)
-	c := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return s.Acquire(ctx, "k", 2) })
+	c := startAcquire(owner.NewContext(ctx), s, "k", 2)
 	queued(t, admin, "/sem-restart", "k", 3, b, c)
-	d := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return s.Acquire(ctx, "k", 1) })
+	d := startAcquire(owner.NewContext(ctx), s, "k", 1)
 	queued(t, admin, "/sem-restart", "k", 4, b, c, d)
 
 	resumeL := testhook.PauseWatch(l)
 	resumeS := testhook.PauseWatch(s)
-	if err := w1.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, w1, a)
 	resumeL()
 	resumeS()
 	g1 := r1.granted(t, "the first reader after the watch restarted")
@@ -123,28 +103,14 @@ func TestWatchRestartModes(t *testing.T) {
 	// and 1 unit behind 4 of 4 held.
 	queued(t, admin, "/rw-restart", "k", 4, w2, r3)
 	queued(t, admin, "/sem-restart", "k", 3, d)
-	for _, g := range []keylock.Lease{g1, g2} {
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustUnlock(t, ctx, g1, g2)
 	gw := w2.granted(t, "the writer behind the readers")
 	queued(t, admin, "/rw-restart", "k", 2, r3)
-	if err := gw.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := r3.granted(t, "the reader behind the writer").Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := gb.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.granted(t, "Acquire(1) once 2 units came back").Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := gc.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, gw)
+	mustUnlock(t, ctx, r3.granted(t, "the reader behind the writer"))
+	mustUnlock(t, ctx, gb)
+	mustUnlock(t, ctx, d.granted(t, "Acquire(1) once 2 units came back"))
+	mustUnlock(t, ctx, gc)
 	waitKeys(t, admin, "/rw-restart/", 0, 5*time.Second)
 	waitKeys(t, admin, "/sem-restart/", 0, 5*time.Second)
 }
@@ -316,11 +282,8 @@ func TestSemaphoreHugeWeights(t *testing.T) {
 	s := newSemaphore(t, srv.Client(t), "/huge", math.MaxInt64)
 	ctx := context.Background()
 	const half = 1 << 62 // two are more than MaxInt64 units
-	a, err := s.Acquire(owner.NewContext(ctx), "k", half)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return s.Acquire(ctx, "k", half) })
+	a := mustAcquire(t, owner.NewContext(ctx), s, "k", half)
+	b := startAcquire(owner.NewContext(ctx), s, "k", half)
 	queued(t, admin, "/huge", "k", 2, b)
 	if l, err := s.TryAcquire(owner.NewContext(ctx), "k", half); l != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
 		if l != nil {
@@ -328,21 +291,15 @@ func TestSemaphoreHugeWeights(t *testing.T) {
 		}
 		t.Fatalf("TryAcquire(2^62) behind 2^62 units held and 2^62 queued, of MaxInt64: (%v, %v), want ErrWouldBlock", l, err)
 	}
-	c := start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return s.Acquire(ctx, "k", half) })
+	c := startAcquire(owner.NewContext(ctx), s, "k", half)
 	queued(t, admin, "/huge", "k", 3, b, c)
 	// c is judged from the same keys ahead as b, before a's release:
 	// c must still be queued after b's grant.
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, a)
 	gb := b.granted(t, "the first queued Acquire(2^62)")
 	queued(t, admin, "/huge", "k", 2, c)
-	if err := gb.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.granted(t, "the second queued Acquire(2^62)").Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, gb)
+	mustUnlock(t, ctx, c.granted(t, "the second queued Acquire(2^62)"))
 	waitKeys(t, admin, "/huge/", 0, 5*time.Second)
 }
 
@@ -376,14 +333,7 @@ func TestTryNeverOvertakesAJoiner(t *testing.T) {
 	admin := srv.Client(t)
 	ctx := context.Background()
 	hook := &betweenTries{}
-	tried, err := clientv3.New(clientv3.Config{
-		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(hook.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tried.Close() }) // after the Lockers on it close
+	tried := interceptedClient(t, srv, hook.intercept) // closed after the Lockers on it
 
 	l := newLocker(t, tried, "/joiner")
 	other := newLocker(t, srv.Client(t), "/joiner")
@@ -393,7 +343,7 @@ func TestTryNeverOvertakesAJoiner(t *testing.T) {
 	}
 	var w *pending
 	hook.join = func() {
-		w = start(owner.NewContext(ctx), func(ctx context.Context) (keylock.Lease, error) { return other.Lock(ctx, "k") })
+		w = startLock(owner.NewContext(ctx), other.Lock, "k")
 		queued(t, admin, "/joiner", "k", 2, w)
 	}
 	if g, err := l.TryRLock(owner.NewContext(ctx), "k"); g != nil || !errors.Is(err, fairlock.ErrWouldBlock) {
@@ -403,21 +353,14 @@ func TestTryNeverOvertakesAJoiner(t *testing.T) {
 		t.Fatal("the writer did not join between TryRLock's transactions")
 	}
 	queued(t, admin, "/joiner", "k", 2, w)
-	if err := r.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.granted(t, "the writer that joined").Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, r)
+	mustUnlock(t, ctx, w.granted(t, "the writer that joined"))
 	waitKeys(t, admin, "/joiner/", 0, 5*time.Second)
 
 	hook.once = sync.Once{}
 	s := newSemaphore(t, tried, "/joiner-sem", 3)
 	s2 := newSemaphore(t, srv.Client(t), "/joiner-sem", 3)
-	u, err := s2.Acquire(owner.NewContext(ctx), "k", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := mustAcquire(t, owner.NewContext(ctx), s2, "k", 1)
 	var j keylock.Lease
 	hook.join = func() {
 		var err error
@@ -431,10 +374,6 @@ func TestTryNeverOvertakesAJoiner(t *testing.T) {
 	if j == nil {
 		t.Fatal("no Acquire joined between TryAcquire's transactions")
 	}
-	for _, g := range []keylock.Lease{u, j} {
-		if err := g.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustUnlock(t, ctx, u, j)
 	waitKeys(t, admin, "/joiner-sem/", 0, 5*time.Second)
 }

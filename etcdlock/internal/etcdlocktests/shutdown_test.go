@@ -15,7 +15,6 @@ import (
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,10 +32,7 @@ func TestUnlockWithDoneContextReleases(t *testing.T) {
 	// A select between a free Guard and a done ctx would pick either at
 	// random: ten rounds would all pass that way once in a thousand.
 	for i := range 10 {
-		g, err := l.Lock(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := mustLock(t, context.Background(), l, "k")
 		if err := g.Unlock(done); !errors.Is(err, context.Canceled) {
 			t.Fatalf("round %d: Unlock with a done ctx: %v, want context.Canceled", i, err)
 		}
@@ -96,21 +92,11 @@ func TestCloseEndsAStalledQueueRead(t *testing.T) {
 	c := srv.Client(t)
 	st := &stall{release: make(chan struct{})}
 	defer close(st.release)
-	stalling, err := clientv3.New(clientv3.Config{
-		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(st.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stalling.Close()
+	stalling := interceptedClient(t, srv, st.intercept)
 
 	ahead := newLocker(t, c, "/stalled")
 	ctx := context.Background()
-	h, err := ahead.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustLock(t, ctx, ahead, "k")
 	defer h.Unlock(ctx)
 	const queued = 9
 	cancels := make([]context.CancelFunc, queued)
@@ -134,11 +120,7 @@ func TestCloseEndsAStalledQueueRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := l.Lock(ctx, "k") // ten keys ahead: it watches the nearest eight
-		waiter <- err
-	}()
+	waiter := startLock(ctx, l.Lock, "k") // ten keys ahead: it watches the nearest eight
 	waitKeys(t, c, "/stalled/", queued+2, 5*time.Second)
 	st.mu.Lock()
 	st.on = true
@@ -164,7 +146,7 @@ func TestCloseEndsAStalledQueueRead(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close with a 1 s ctx still waits 10 s later, for a read etcd does not answer")
 	}
-	if err := <-waiter; !errors.Is(err, fairlock.ErrClosed) {
+	if _, err := waiter.wait(); !errors.Is(err, fairlock.ErrClosed) {
 		t.Errorf("the queued call: %v, want ErrClosed", err)
 	}
 }
@@ -180,10 +162,7 @@ func holdOnOwnServer(t *testing.T, prefix string) (*etcdtest.Server, *clientv3.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := l.Lock(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, context.Background(), l, "k")
 	return srv, c, l, g
 }
 
@@ -239,19 +218,15 @@ func TestCloseIsBoundedAfterLeaseLost(t *testing.T) {
 	srv, c, l, g := holdOnOwnServer(t, "/abandoned")
 	ctx := context.Background()
 	wctx, cancelWaiter := context.WithCancel(owner.NewContext(ctx))
-	waiter := make(chan error, 1)
-	go func() { _, err := l.Lock(wctx, "k"); waiter <- err }()
+	waiter := startLock(wctx, l.Lock, "k")
 	waitKeys(t, c, "/abandoned/", 2, 5*time.Second)
 	srv.Stop()
 	cancelWaiter() // its key's deletion fails and is left to the janitor
-	if err := <-waiter; !errors.Is(err, context.Canceled) {
+	if _, err := waiter.wait(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the waiter: %v", err)
 	}
-	select {
-	case <-g.Lost(): // the renewal deadline passed: the lease is abandoned
-	case <-time.After(4 * testTTL):
-		t.Fatal("the grant was not lost with etcd down for four TTLs")
-	}
+	// The renewal deadline passes: the lease is abandoned.
+	awaitLost(t, g, 4*testTTL, "with etcd down for four TTLs")
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	start := time.Now()
@@ -279,24 +254,14 @@ func TestUnlockDuringCloseIsNotReportedLate(t *testing.T) {
 		}
 		return invoke(ctx, method, req, reply, cc, opts...)
 	}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(holdDeletes)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := interceptedClient(t, srv, holdDeletes)
 	o := &countingObserver{}
 	l, err := etcdlock.New(c, "/unlockclose", etcdlock.WithTTL(testTTL), etcdlock.WithObserver(o))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	g, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, l, "k")
 	unlocked := make(chan error, 1)
 	go func() { unlocked <- g.Unlock(ctx) }()
 	<-entered // the Unlock's deletion is in flight
