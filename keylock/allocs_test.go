@@ -32,7 +32,7 @@ func TestInProcessAllocatesOnlyTheLease(t *testing.T) {
 	defer s.Close(ctx)
 	v, sv := keylock.InProcess(l), keylock.InProcessSemaphore(s)
 	other := owner.NewContext(ctx)
-	lock, fn := v.Lock, func(context.Context) error { return nil }
+	lock, fn := v.Lock, func(context.Context, keylock.Lease) error { return nil }
 	for _, c := range []struct {
 		name string
 		max  float64

@@ -40,7 +40,7 @@ func BenchmarkInProcess(b *testing.B) {
 	b.Run("Do", func(b *testing.B) {
 		b.ReportAllocs()
 		lock := v.Lock
-		fn := func(context.Context) error { return nil }
+		fn := func(context.Context, keylock.Lease) error { return nil }
 		for b.Loop() {
 			if err := keylock.Do(ctx, lock, "k", fn); err != nil {
 				b.Fatal(err)

@@ -62,8 +62,10 @@ func (ls Leases) Unlock(ctx context.Context) error {
 // return s.Acquire(ctx, key, 2) }.
 //
 // If lock fails, Do returns its error unchanged and fn does not run.
-// Otherwise fn runs with a context that ends when ctx ends or when the
-// grant is lost (its Lease's Lost channel closes), whichever comes first;
+// Otherwise fn runs with the Lease (for its Token, for Valid right before
+// an action that must not run unprotected, or for a backend's own fencing:
+// a type assertion to etcdlock's *Guard gives IsOwner) and a context that
+// ends when ctx ends or when the grant is lost (its Lease's Lost channel closes), whichever comes first;
 // on a loss, context.Cause of fn's context is a *fairlock.LockError with
 // Op "Do" naming the key and wrapping fairlock.ErrLost, so fn can stop
 // work that is no longer protected. This is rueidislock's WithContext,
@@ -83,7 +85,7 @@ func (ls Leases) Unlock(ctx context.Context) error {
 // directly, with no context or timer made. With a Lost channel, Do makes
 // a cancellable context and one goroutine that waits on Lost, and stops
 // it before it unlocks. A nil ctx panics in lock, as in every lock call.
-func Do(ctx context.Context, lock func(context.Context, string) (Lease, error), key string, fn func(context.Context) error) (err error) {
+func Do(ctx context.Context, lock func(context.Context, string) (Lease, error), key string, fn func(context.Context, Lease) error) (err error) {
 	l, err := lock(ctx, key)
 	if err != nil {
 		return err
@@ -109,7 +111,7 @@ func Do(ctx context.Context, lock func(context.Context, string) (Lease, error), 
 	if lost := l.Lost(); lost != nil {
 		fctx, stop = watchLoss(ctx, lost, key)
 	}
-	err = fn(fctx)
+	err = fn(fctx, l)
 	finished = true
 	return err
 }

@@ -46,7 +46,7 @@ func ExampleDo() {
 
 	balance := map[string]int{"account-1": 100}
 	withdraw := func(ctx context.Context, locker keylock.Locker, account string, amount int) error {
-		return keylock.Do(ctx, locker.Lock, account, func(ctx context.Context) error {
+		return keylock.Do(ctx, locker.Lock, account, func(ctx context.Context, _ keylock.Lease) error {
 			if balance[account] < amount {
 				return fmt.Errorf("%s: balance %d, asked for %d", account, balance[account], amount)
 			}
@@ -62,7 +62,7 @@ func ExampleDo() {
 	s := keylock.InProcessSemaphore(fairlock.NewSemaphore[string](4))
 	defer s.Close(ctx)
 	acquire2 := func(ctx context.Context, key string) (keylock.Lease, error) { return s.Acquire(ctx, key, 2) }
-	err := keylock.Do(ctx, acquire2, "pool", func(context.Context) error { return nil })
+	err := keylock.Do(ctx, acquire2, "pool", func(context.Context, keylock.Lease) error { return nil })
 	fmt.Println(err)
 	// Output:
 	// <nil>

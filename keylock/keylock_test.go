@@ -254,7 +254,7 @@ func TestDo(t *testing.T) {
 	l := newLocker(t)
 	v := keylock.InProcess(l)
 	errFn := errors.New("fn failed")
-	err := keylock.Do(ctx, v.Lock, "k", func(fctx context.Context) error {
+	err := keylock.Do(ctx, v.Lock, "k", func(fctx context.Context, _ keylock.Lease) error {
 		if fctx != ctx {
 			t.Error("fn's context is not ctx itself, with a Lease that cannot be lost")
 		}
@@ -269,7 +269,7 @@ func TestDo(t *testing.T) {
 	if l.Locked("k") {
 		t.Error("the key is held after Do")
 	}
-	if err := keylock.Do(ctx, v.RLock, "k", func(context.Context) error { return nil }); err != nil {
+	if err := keylock.Do(ctx, v.RLock, "k", func(context.Context, keylock.Lease) error { return nil }); err != nil {
 		t.Errorf("Do with RLock: %v", err)
 	}
 
@@ -281,7 +281,7 @@ func TestDo(t *testing.T) {
 		lockErr = err
 		return ls, err
 	}
-	err = keylock.Do(ctx, tryLock, "k", func(context.Context) error {
+	err = keylock.Do(ctx, tryLock, "k", func(context.Context, keylock.Lease) error {
 		t.Error("fn ran although the lock failed")
 		return nil
 	})
@@ -293,7 +293,7 @@ func TestDo(t *testing.T) {
 	// A lock function that breaks the contract.
 	nilLock := func(context.Context, string) (keylock.Lease, error) { return nil, nil }
 	var le *fairlock.LockError
-	err = keylock.Do(ctx, nilLock, "k", func(context.Context) error {
+	err = keylock.Do(ctx, nilLock, "k", func(context.Context, keylock.Lease) error {
 		t.Error("fn ran without a Lease")
 		return nil
 	})
@@ -312,7 +312,7 @@ func TestDoUnlocksDetached(t *testing.T) {
 	lease := &fakeLease{key: "k", err: errUnlock}
 	lock := func(context.Context, string) (keylock.Lease, error) { return lease, nil }
 	start := time.Now()
-	err := keylock.Do(ctx, lock, "k", func(context.Context) error {
+	err := keylock.Do(ctx, lock, "k", func(context.Context, keylock.Lease) error {
 		cancel() // fn's work ended with the caller's context
 		return errFn
 	})
@@ -329,7 +329,7 @@ func TestDoUnlocksDetached(t *testing.T) {
 	}
 	// Unlock's error alone comes back as it is.
 	lease = &fakeLease{key: "k", err: errUnlock}
-	if err := keylock.Do(context.Background(), lock, "k", func(context.Context) error { return nil }); err != errUnlock {
+	if err := keylock.Do(context.Background(), lock, "k", func(context.Context, keylock.Lease) error { return nil }); err != errUnlock {
 		t.Errorf("Do whose Unlock failed: %v, want Unlock's error as it is", err)
 	}
 }
@@ -347,7 +347,7 @@ func TestDoPanic(t *testing.T) {
 				t.Errorf("recovered %v, want fn's panic value", r)
 			}
 		}()
-		_ = keylock.Do(ctx, v.Lock, "k", func(context.Context) error { panic(value) })
+		_ = keylock.Do(ctx, v.Lock, "k", func(context.Context, keylock.Lease) error { panic(value) })
 	}()
 	if l.Locked("k") {
 		t.Fatal("the key is held after fn panicked")
@@ -363,7 +363,7 @@ func TestDoPanic(t *testing.T) {
 				t.Errorf("recovered %v, want fn's panic value", r)
 			}
 		}()
-		_ = keylock.Do(ctx, lock, "k", func(context.Context) error { panic(value) })
+		_ = keylock.Do(ctx, lock, "k", func(context.Context, keylock.Lease) error { panic(value) })
 	}()
 	done, uctx, uerr := lease.wasUnlocked()
 	if !done {
@@ -374,7 +374,7 @@ func TestDoPanic(t *testing.T) {
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		_ = keylock.Do(ctx, v.Lock, "k", func(context.Context) error {
+		_ = keylock.Do(ctx, v.Lock, "k", func(context.Context, keylock.Lease) error {
 			runtime.Goexit()
 			return nil
 		})
@@ -397,7 +397,7 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 	var cause error
 	done := make(chan error)
 	go func() {
-		done <- keylock.Do(ctx, lock, "k", func(fctx context.Context) error {
+		done <- keylock.Do(ctx, lock, "k", func(fctx context.Context, _ keylock.Lease) error {
 			close(running)
 			<-fctx.Done()
 			cause = context.Cause(fctx)
@@ -432,7 +432,7 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 	// Lost before fn starts: fn's context is done from the start.
 	lease = &fakeLease{key: "k", lost: make(chan struct{}), err: lostErr}
 	close(lease.lost)
-	err = keylock.Do(ctx, lock, "k", func(fctx context.Context) error {
+	err = keylock.Do(ctx, lock, "k", func(fctx context.Context, _ keylock.Lease) error {
 		if !errors.Is(context.Cause(fctx), fairlock.ErrLost) {
 			t.Errorf("fn of a grant lost already: cause %v", context.Cause(fctx))
 		}
@@ -445,7 +445,7 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 	// Lost as fn returns, before Do unlocks: fn succeeded, but the grant
 	// ended before its release, so Do reports the loss (Unlock's error).
 	lease = &fakeLease{key: "k", lost: make(chan struct{}), err: lostErr}
-	err = keylock.Do(ctx, lock, "k", func(context.Context) error {
+	err = keylock.Do(ctx, lock, "k", func(context.Context, keylock.Lease) error {
 		close(lease.lost)
 		return nil
 	})
@@ -456,7 +456,7 @@ func TestDoCancelsFnOnLoss(t *testing.T) {
 	// Not lost: fn's context lives while fn runs and the watcher is gone
 	// after (goleak in TestMain).
 	lease = &fakeLease{key: "k", lost: make(chan struct{})}
-	err = keylock.Do(ctx, lock, "k", func(fctx context.Context) error { return fctx.Err() })
+	err = keylock.Do(ctx, lock, "k", func(fctx context.Context, _ keylock.Lease) error { return fctx.Err() })
 	if err != nil {
 		t.Errorf("Do with a Lease not lost: %v", err)
 	}

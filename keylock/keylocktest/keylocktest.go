@@ -858,7 +858,7 @@ func do(e *env) {
 	k := e.key
 	errFn := errors.New("keylocktest: fn's error")
 	ran := false
-	err := keylock.Do(e.flow(), ls[0].Lock, k, func(ctx context.Context) error {
+	err := keylock.Do(e.flow(), ls[0].Lock, k, func(ctx context.Context, _ keylock.Lease) error {
 		ran = true
 		if ctx.Err() != nil {
 			e.t.Errorf("fn's context is done while fn runs: %v", context.Cause(ctx))
@@ -881,13 +881,13 @@ func do(e *env) {
 				e.t.Errorf("recovered %v from Do, want fn's panic value", r)
 			}
 		}()
-		_ = keylock.Do(e.flow(), ls[0].Lock, k, func(context.Context) error { panic(errFn) })
+		_ = keylock.Do(e.flow(), ls[0].Lock, k, func(context.Context, keylock.Lease) error { panic(errFn) })
 	}()
 	e.free("TryLock after Do's fn panicked", ls[1], k)
 
 	// A failed lock: fn does not run, Do returns the error.
 	a := e.lock("Lock through Locker 1", ls[1], k)
-	err = keylock.Do(e.flow(), ls[0].TryLock, k, func(context.Context) error {
+	err = keylock.Do(e.flow(), ls[0].TryLock, k, func(context.Context, keylock.Lease) error {
 		e.t.Error("Do ran fn although its lock failed")
 		return nil
 	})
@@ -1105,7 +1105,7 @@ func lost(e *env) {
 	}
 	var cause error
 	do := e.goCall("Do whose grant is lost", e.flow(), func(ctx context.Context) (keylock.Lease, error) {
-		return nil, keylock.Do(ctx, lock, k, func(ctx context.Context) error {
+		return nil, keylock.Do(ctx, lock, k, func(ctx context.Context, _ keylock.Lease) error {
 			select {
 			case <-ctx.Done():
 				cause = context.Cause(ctx)

@@ -148,7 +148,7 @@ func transfers(ctx context.Context, newLocker func() (keylock.Locker, error), mo
 					return
 				}
 			}
-			errs <- keylock.Do(ctx, l.Lock, "acct-a", func(context.Context) error {
+			errs <- keylock.Do(ctx, l.Lock, "acct-a", func(context.Context, keylock.Lease) error {
 				if read("acct-a") < -workers*moves {
 					return errors.New("acct-a overdrawn beyond every possible move")
 				}
