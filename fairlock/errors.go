@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/fairlock/fairlock/debug/registry"
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -149,9 +149,15 @@ func (e *LockError) LogValue() slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-// resultOf classifies an error for observers. A call that ended with its
-// context is Canceled or DeadlineExceeded whatever the context's cause.
-func resultOf(err error) Result {
+// ResultOf classifies the error of a call that asks for a key (nil for a
+// grant) as an Observer reports it. A call that ended with its context is
+// Canceled or DeadlineExceeded whatever the context's cause (a cause such
+// as another call's ErrDeadlock, set by errgroup, is not this call's). An
+// error that wraps none of the sentinels and no context error is Error:
+// the engine of a distributed backend failed. The distributed backends
+// classify their calls with it, so that every Locker reports the same
+// result for the same error.
+func ResultOf(err error) Result {
 	err = ctxerr.How(err)
 	switch {
 	case err == nil:
@@ -168,10 +174,14 @@ func resultOf(err error) Result {
 		return InvalidKey
 	case errors.Is(err, ErrInvalidWeight):
 		return InvalidWeight
+	case errors.Is(err, ErrLost):
+		return Lost
 	case errors.Is(err, context.DeadlineExceeded):
 		return DeadlineExceeded
-	default:
+	case errors.Is(err, context.Canceled):
 		return Canceled
+	default:
+		return Error
 	}
 }
 

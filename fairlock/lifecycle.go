@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"weak"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 )
 
 // This file is a table's life: init makes and publishes it, the counts

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/debug/registry"
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/waitqueue"
 )
@@ -87,7 +87,7 @@ func (t *table[K]) fail(ctx context.Context, op string, key K, id owner.ID, err 
 		t.reentrant.Add(1)
 	}
 	if report && t.obs != nil {
-		t.obs.Acquire(resultOf(err), waited)
+		t.obs.Acquire(ResultOf(err), waited)
 	}
 	return Guard[K]{}, &LockError{Op: op, Key: key, Owner: id, Err: err, render: t.renderAny}
 }

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/owner"
 )
 

@@ -18,12 +18,14 @@ const (
 	Deadlock                       // ErrDeadlock
 	InvalidKey                     // ErrInvalidKey
 	InvalidWeight                  // ErrInvalidWeight
+	Lost                           // ErrLost: a distributed backend lost the call's grant or queue place (its session expired) and could not queue it again
+	Error                          // the engine of a distributed backend failed (unreachable, refused the request): no grant, for a reason outside the lock
 	numResults
 )
 
 var resultNames = [numResults]string{
 	"acquired", "reentrant", "canceled", "deadline_exceeded", "would_block", "closed", "deadlock",
-	"invalid_key", "invalid_weight",
+	"invalid_key", "invalid_weight", "lost", "error",
 }
 
 // String returns the result's metric attribute value, such as "acquired".

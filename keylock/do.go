@@ -3,10 +3,10 @@ package keylock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
+	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
 )
@@ -186,7 +186,7 @@ func LockMany(ctx context.Context, l Locker, keys ...string) (Leases, error) {
 	}
 	if len(keys) == 0 {
 		if ctx.Err() != nil {
-			return nil, &fairlock.LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: contextError(ctx)}
+			return nil, &fairlock.LockError{Op: "LockMany", Owner: owner.Of(ctx), Err: ctxerr.Of(ctx)}
 		}
 		return nil, nil
 	}
@@ -226,15 +226,4 @@ func lockManyError(ctx context.Context, key string, err, uerr error) error {
 		e.Err = errors.Join(e.Err, uerr)
 	}
 	return &e
-}
-
-// contextError is the error of a done ctx: ctx.Err(), wrapped together
-// with its cause when one was set and differs from it (as package
-// fairlock reports it).
-func contextError(ctx context.Context) error {
-	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w: %w", err, cause)
-	}
-	return err
 }

@@ -17,7 +17,9 @@
 //
 // fairlock.result is one of acquired, reentrant, canceled,
 // deadline_exceeded, would_block, closed, deadlock, invalid_key,
-// invalid_weight (fairlock.Results). Wait calls are not in the counter or
+// invalid_weight, and, from the distributed backends, lost (the call's
+// session expired) and error (the engine failed) (fairlock.Results).
+// Wait calls are not in the counter or
 // the wait histogram (they acquire nothing), but a queued Wait counts in
 // fairlock.lock.waiters. Keys are
 // never attributes: their cardinality is unbounded. Attribute sets are

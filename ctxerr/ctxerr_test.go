@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 	"go.uber.org/goleak"
 )
 

@@ -1,8 +1,11 @@
 // Package ctxerr builds the error a lock call returns when its context
-// ends, for the packages of this module. The backends in modules of their
-// own keep copies with the same behaviour and test (etcdlock's is
-// etcdlock/internal/ctxerr): a module may not import another's internal
-// packages, since the two are versioned apart.
+// ends, for every fairlock package: the in-process lock, keylock, and the
+// backends in modules of their own (etcdlock, redislock, pglock), which is
+// why it is public (a module may not import another's internal packages:
+// they are versioned apart). errors.Is finds both the context's sentinel
+// (context.Canceled or context.DeadlineExceeded) and the cause given to
+// context.WithCancelCause or WithTimeoutCause, as package context's
+// Cause does since Go 1.20 (golang.org/issue/51365).
 package ctxerr
 
 import (
