@@ -10,11 +10,11 @@ import (
 // Locker or Semaphore that granted l on its key.
 func MarkerKey(prefix string, l keylock.Lease) string {
 	g := l.(*Guard)
-	return namesOf(escape(prefix), g.key).markers + g.c.sid
+	return MarkerOf(prefix, g.Key(), Member(l))
 }
 
 // Member returns the entry of the grant l in its key's queue.
-func Member(l keylock.Lease) string { return l.(*Guard).member }
+func Member(l keylock.Lease) string { return l.(*Guard).call().ID() }
 
 // MarkerOf returns the Redis key of the session marker of the entry
 // member on key under prefix.

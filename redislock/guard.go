@@ -4,20 +4,23 @@ import (
 	"context"
 	"time"
 
-	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/owner"
 )
 
-// A grant's methods: what its holder reads (Key, Token, Lost) and
-// Unlock, which releases it. The Guard type is declared with the core it
-// points to, in locker.go.
+// Guard is one grant of a key, returned by Lock, TryLock, RLock,
+// TryRLock, Acquire and TryAcquire; its Unlock releases it. It is the
+// kit's record of the call (package backend) under this package's name,
+// so returning it allocates nothing more. Its methods are safe for
+// concurrent use, and Unlock may be called from any goroutine. A nil
+// *Guard holds nothing: Unlock does nothing, Token is 0, Lost is nil.
+type Guard backend.Call
+
+// call returns the kit's record behind g.
+func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
 
 // Key returns the key the grant is for.
-func (g *Guard) Key() string {
-	if g == nil {
-		return ""
-	}
-	return g.key
-}
+func (g *Guard) Key() string { return g.call().Key() }
 
 // Token returns the grant's fencing token: its entry's score in the key's
 // queue, taken from the key's counter when the call queued. Calls are
@@ -30,26 +33,42 @@ func (g *Guard) Key() string {
 // has its own counter, in its own hash slot (keys.go). A failover to a
 // replica that missed the latest increments can hand a token out again
 // (docs/distributed.md). A nil Guard's token is 0.
-func (g *Guard) Token() uint64 {
-	if g == nil {
-		return 0
-	}
-	return g.token
-}
+func (g *Guard) Token() uint64 { return g.call().Token() }
 
 // Lost returns a channel that is closed when the grant is lost while it
 // is held: its session's marker on the key expired on the server (seen by
-// the next renewal, or by Unlock), someone removed its entry, the Locker could not
-// renew the session for about its TTL (the renewal deadline, see WithTTL),
-// or Close ended the grant. Unlock does not close it. Another process may
+// the next renewal, or by Unlock), someone removed its entry, the Locker
+// could not renew the session before its deadline (see Deadline), or
+// Close ended the grant. Unlock does not close it. Another process may
 // hold the key as soon as it is lost: stop writing, and fence what you
 // write with Token.
-func (g *Guard) Lost() <-chan struct{} {
-	if g == nil {
-		return nil
-	}
-	return g.lost
-}
+func (g *Guard) Lost() <-chan struct{} { return g.call().Lost() }
+
+// Deadline returns the instant, on this process's monotonic clock, before
+// which no other call can be granted the key even if this process stops
+// right now: the send time of the last script that set or renewed the
+// grant's session marker on the key, plus the TTL, less a tenth of it
+// (for the two clocks' rates, which may differ by up to 10%). Redis
+// expires the marker by its own clock, counted from when it ran the
+// command, after the send. The deadline only moves forward while the
+// grant is held, and Lost closes when it passes without a renewal. After
+// Unlock, or once the grant was lost, it is the instant that happened.
+// A failover to a replica that had not received the latest renewal can
+// expire the marker earlier: WithReplicas closes that gap.
+// keylock.Valid(g) is the check to make right before an action that must
+// not run unprotected.
+func (g *Guard) Deadline() time.Time { return g.call().Deadline() }
+
+// HandOff makes the grant to's flow's from now on, as fairlock's
+// Guard.HandOff does in process: the old owner's next call on the key
+// waits for this grant's release instead of failing with ErrReentrant,
+// and debug output shows to. Give the worker that will release the grant
+// a flow of its own (owner.NewContext) and hand the grant to it before
+// handing the Guard over. It returns false, changing nothing, for a grant
+// released or lost, for owner 0, and for an owner with a call queued on
+// the key in this Locker (it would wait for itself). It makes no round
+// trip: ownership is this process's bookkeeping.
+func (g *Guard) HandOff(to owner.ID) bool { return g.call().HandOff(to) }
 
 // Unlock releases the grant: one script removes the grant's entry by its
 // unique name, so it removes only this grant's entry, never a later
@@ -73,83 +92,8 @@ func (g *Guard) Lost() <-chan struct{} {
 // (the context's error if ctx ended first), and the Locker keeps
 // removing the entry in the background until it succeeds (Close makes a
 // last try); meanwhile the session's TTL bounds how long the entry can
-// block others once this Locker has no other call on the key. Either way
-// the Guard is released.
-func (g *Guard) Unlock(ctx context.Context) error {
-	if g == nil || g.c == nil {
-		return nil
-	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	// Take the Guard's turn without a look at ctx first: an Unlock with a
-	// done ctx must still release (its script then fails and goes to the
-	// janitor). Only an Unlock racing another Unlock waits here.
-	select {
-	case g.sem <- struct{}{}:
-	default:
-		select {
-		case g.sem <- struct{}{}:
-		case <-ctx.Done():
-			return lockError("Unlock", g.key, g.owner, ctxerr.Of(ctx))
-		}
-	}
-	defer func() { <-g.sem }()
-	c := g.c
-	c.mu.Lock()
-	if g.state != held {
-		c.doubles++
-		c.mu.Unlock()
-		return nil
-	}
-	lostBefore := g.lostClosed
-	g.releasing = true
-	c.mu.Unlock()
-
-	var err error
-	gone := false
-	select {
-	case <-c.closed:
-		gone = true // Close removed the entry and lost the grant
-	default:
-		var removed bool
-		var rerr error
-		if c.bounded(ctx, func() { removed, rerr = c.release(ctx, g.key, g.member) }) {
-			err = rerr
-		} else {
-			err = ctxerr.Of(ctx) // the script may still run: the janitor makes sure
-		}
-		if err != nil {
-			c.janitorAdd(g.key, g.member, false)
-		} else {
-			gone = !removed
-		}
-	}
-	now := time.Now()
-	c.mu.Lock()
-	delete(c.entries, g.member)
-	c.forgetLocked(g)
-	g.state = released
-	c.held--
-	if gone && !g.lostClosed {
-		g.lostClosed = true
-		close(g.lost)
-	}
-	hold := now.Sub(g.grantedAt)
-	c.signalIdle()
-	c.mu.Unlock()
-	if c.obs != nil {
-		c.obsMu.RLock()
-		if !c.obsGone {
-			c.obs.Release(hold)
-		}
-		c.obsMu.RUnlock()
-	}
-	switch {
-	case err != nil:
-		return lockError("Unlock", g.key, g.owner, callError(ctx, err))
-	case lostBefore || gone:
-		return lockError("Unlock", g.key, g.owner, ErrLost)
-	}
-	return nil
-}
+// block others once this Locker has no other call on the key. A release
+// that fails for a grant that was lost before Unlock began, or whose
+// session ended while Unlock ran, returns an error wrapping both ErrLost
+// and the failure. Either way the Guard is released.
+func (g *Guard) Unlock(ctx context.Context) error { return g.call().Unlock(ctx) }

@@ -4,10 +4,12 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/fairlock"
 )
 
-// The options of New and NewSemaphore, and their defaults.
+// The options of New and NewSemaphore. They are package backend's, which
+// every distributed backend takes; what each means on Redis is said here.
 
 // DefaultTTL is the session TTL of a Locker built without WithTTL: how
 // long the grants and queue places of a process that stopped renewing
@@ -15,21 +17,10 @@ import (
 // margin a live process has before a stall costs it its grants. It is
 // etcdlock's default, between Consul's lock (15 s session TTL) and
 // redsync (8 s expiry).
-const DefaultTTL = 10 * time.Second
+const DefaultTTL = backend.DefaultTTL
 
 // An Option configures a Locker or Semaphore in New or NewSemaphore.
-type Option func(*config)
-
-// config is every setting; defaults are set in one place, defaultConfig.
-type config struct {
-	ttl      time.Duration
-	name     string
-	observer fairlock.Observer
-	debug    bool
-	logger   *slog.Logger
-}
-
-func defaultConfig() config { return config{ttl: DefaultTTL} }
+type Option = backend.Option
 
 // WithTTL sets the TTL of the Locker's session (DefaultTTL, 10 s, without
 // it), in whole milliseconds, at least 10 ms. The session is a marker key
@@ -38,30 +29,25 @@ func defaultConfig() config { return config{ttl: DefaultTTL} }
 // expire, the Locker's grants and queue places on the key are dead and
 // the next script that meets them removes them. A live process that
 // cannot renew for about a TTL sees its grants' Lost channels close (see
-// Guard.Lost). d <= 0 means DefaultTTL.
-func WithTTL(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			d = DefaultTTL
-		}
-		c.ttl = max(d.Round(time.Millisecond), 10*time.Millisecond)
-	}
-}
+// Guard.Lost), and Guard.Deadline says until when a grant is certain.
+// d <= 0 means DefaultTTL.
+func WithTTL(d time.Duration) Option { return backend.WithTTL(d) }
 
 // WithName names the Locker in debug output (package debug) and in the
 // observer's fairlock.locker attribute. Without it a Locker is named
 // "redislock-N" (a Semaphore "redislock-semaphore-N"), N counting those
 // made by this process from 1. The name is local: it is not written to
 // Redis.
-func WithName(name string) Option { return func(c *config) { c.name = name } }
+func WithName(name string) Option { return backend.WithName(name) }
 
 // WithObserver sets the hook that receives the Locker's metrics, as for a
 // fairlock.Locker (package otelmetrics implements it): every call that
-// asks for a key reports its result and how long it waited, every Unlock
-// of a held grant how long it was held, and the stats callback counts
-// this process's held keys and queued calls. Wait is not reported: it
-// acquires nothing. A nil Observer means none.
-func WithObserver(o fairlock.Observer) Option { return func(c *config) { c.observer = o } }
+// asks for a key reports its result (lost: its session expired; error:
+// Redis failed) and how long it waited, every Unlock of a held grant how
+// long it was held, and the stats callback counts this process's held
+// keys and queued calls. Wait is not reported: it acquires nothing. A nil
+// Observer means none.
+func WithObserver(o fairlock.Observer) Option { return backend.WithObserver(o) }
 
 // WithDebug registers the Locker in the process-wide debug registry while
 // it is open, so package debug lists it (Kind "redislock.Locker" or
@@ -70,10 +56,16 @@ func WithObserver(o fairlock.Observer) Option { return func(c *config) { c.obser
 // arrival order. Only this process's calls are shown; every process's are
 // in Redis (ZRANGE on the key's queue, keys.go). It costs nothing per call
 // beyond the bookkeeping every Locker does.
-func WithDebug() Option { return func(c *config) { c.debug = true } }
+func WithDebug() Option { return backend.WithDebug() }
 
 // WithLogger sets where the Locker reports what it cannot return to a
 // caller: a session it lost on a key, a subscription it restarted, an
 // entry it could not remove at once and retries in the background. A nil
 // logger means slog.Default(), the default.
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return backend.WithLogger(l) }
+
+// ttlOf rounds a TTL to Redis's unit for PX: whole milliseconds, at least
+// 10 ms.
+func ttlOf(d time.Duration) time.Duration {
+	return max(d.Round(time.Millisecond), 10*time.Millisecond)
+}

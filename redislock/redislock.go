@@ -55,43 +55,85 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
-	"sync/atomic"
 	"time"
 
-	"github.com/fairlock/fairlock/debug/registry"
-	"github.com/fairlock/fairlock/owner"
-	"github.com/fairlock/fairlock/redislock/internal/ctxerr"
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/redis/go-redis/v9"
 )
 
-// A Locker's life: New and NewSemaphore make its core (locker.go) and
-// start its goroutines (the dispatch in hub.go, the session renewal in
-// session.go, the janitor in janitor.go), Locked reads a key's queue, and
-// Close ends it all. The calls on keys are in acquire.go and guard.go.
+// A Locker's life: New and NewSemaphore make its core (package backend)
+// and engine (engine.go) and start its goroutines (the dispatch in
+// hub.go; the kit's session renewal and janitor), Locked reads a key's
+// queue, and Close ends it all. The calls on keys are in acquire.go, the
+// grant's methods in guard.go.
 
 // startTimeout bounds New's subscription.
 const startTimeout = 10 * time.Second
 
-// lockers and semaphores count those made, for default names.
-var lockers, semaphores atomic.Int64
+// Locker is a fair, strict-FIFO keyed lock with shared holds, shared by
+// every process that makes one with the same Redis and prefix. Make one
+// with New; the zero Locker is not usable. All methods are safe for
+// concurrent use. It is a keylock.RWLocker; every Lease it returns is a
+// *Guard.
+//
+// A Locker holds one pub/sub connection and three goroutines (the
+// subscription's dispatch, the session renewal, and a janitor that
+// retries removals that failed), one more per server while a renewal
+// round is in flight, and one goroutine per enqueueing script still
+// running for a call that returned. Close stops them all.
+type Locker struct {
+	k *backend.Core
+	e *engine
+}
+
+// Semaphore is a keyed weighted semaphore of n units per key, head-of-line
+// FIFO across every process that makes one with the same Redis, prefix
+// and n. Make one with NewSemaphore. It is a keylock.Semaphore; every
+// Lease it returns is a *Guard. It holds what a Locker holds.
+type Semaphore struct {
+	k *backend.Core
+	e *engine
+}
+
+var (
+	_ keylock.RWLocker  = (*Locker)(nil)
+	_ keylock.Semaphore = (*Semaphore)(nil)
+	_ keylock.Lease     = (*Guard)(nil)
+)
+
+// ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
+// that Guard.Unlock returns for a grant that was lost before it was
+// unlocked: its session expired on the server, its entry was removed by
+// someone else, or the Locker could not renew the session for about a TTL
+// (see Guard.Lost). Another process may have held the key since: anything
+// written under the grant must be checked with its fencing token. It is
+// fairlock.ErrLost, the sentinel every backend wraps.
+var ErrLost = fairlock.ErrLost
+
+// errWouldBlock is a Try form's refusal, before it is wrapped.
+var errWouldBlock = fairlock.ErrWouldBlock
 
 // New returns a Locker whose queues live under prefix in the Redis that
 // client talks to. Lockers in any number of processes that use the same
 // Redis (the same primary, or the same Cluster) and prefix exclude each
-// other, key by key. prefix must not be empty. A nil Option is ignored.
+// other, key by key. prefix must not be empty; it is any string ("locks",
+// "/locks/orders": the form etcdlock takes works here too, and names
+// other queues than its variants). A nil Option is ignored.
 //
 // New subscribes to the prefix's channel before it returns (one round
-// trip, bounded by 10 s) and returns an error if that fails; it starts
-// three goroutines that Close stops. The client must stay open until
-// Close has returned.
+// trip, bounded by 10 s and by the client's dial and read timeouts) and
+// returns an error wrapping the cause if that fails; it starts three
+// goroutines that Close stops. The client must stay open until Close has
+// returned.
 func New(client redis.UniversalClient, prefix string, opts ...Option) (*Locker, error) {
-	c, err := newCore(client, prefix, 0, "redislock.Locker", opts)
+	k, e, err := start(client, prefix, 0, "redislock.Locker", "redislock", opts)
 	if err != nil {
 		return nil, fmt.Errorf("redislock: New: %w", err)
 	}
-	return &Locker{c}, nil
+	return &Locker{k, e}, nil
 }
 
 // NewSemaphore returns a Semaphore of n units per key whose queues live
@@ -103,85 +145,69 @@ func NewSemaphore(client redis.UniversalClient, prefix string, n int64, opts ...
 	if n < 1 {
 		return nil, fmt.Errorf("redislock: NewSemaphore: %d units per key; want at least 1", n)
 	}
-	c, err := newCore(client, prefix, n, "redislock.Semaphore", opts)
+	k, e, err := start(client, prefix, n, "redislock.Semaphore", "redislock-semaphore", opts)
 	if err != nil {
 		return nil, fmt.Errorf("redislock: NewSemaphore: %w", err)
 	}
-	return &Semaphore{c}, nil
+	return &Semaphore{k, e}, nil
 }
 
-func newCore(client redis.UniversalClient, prefix string, n int64, kind string, opts []Option) (*core, error) {
+// start makes a Locker's or Semaphore's core and engine and subscribes.
+func start(client redis.UniversalClient, prefix string, n int64, kind, stem string, opts []Option) (*backend.Core, *engine, error) {
 	if client == nil {
-		return nil, errors.New("nil client")
+		return nil, nil, errors.New("nil client")
 	}
 	if prefix == "" {
-		return nil, errors.New("empty prefix")
+		return nil, nil, errors.New("empty prefix")
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	if cfg.name == "" {
-		if n == 0 {
-			cfg.name = "redislock-" + strconv.FormatInt(lockers.Add(1), 10)
-		} else {
-			cfg.name = "redislock-semaphore-" + strconv.FormatInt(semaphores.Add(1), 10)
-		}
-	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
+	s := backend.NewSettings(opts)
+	s.TTL = ttlOf(s.TTL)
+	k := backend.New(backend.Config{Package: "redislock", Kind: kind, Size: n, DefaultName: stem}, s)
 	var id [12]byte
 	rand.Read(id[:])
-	c := &core{
-		client:  client,
-		prefix:  prefix,
-		esc:     escape(prefix),
-		kind:    kind,
-		units:   n,
-		name:    cfg.name,
-		ttl:     cfg.ttl,
-		ttlMs:   strconv.FormatInt(cfg.ttl.Milliseconds(), 10),
-		logger:  cfg.logger,
-		sid:     hex.EncodeToString(id[:]),
-		closed:  make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		reread:  make(chan struct{}, 1),
-		ready:   make(chan struct{}),
-		keys:    make(map[string]*keyState),
-		entries: make(map[string]*Guard),
-		janitor: make(map[string]cleanup),
-		idle:    make(chan struct{}, 1),
+	e := &engine{
+		k:      k,
+		client: client,
+		esc:    escape(prefix),
+		units:  n,
+		ttlMs:  strconv.FormatInt(s.TTL.Milliseconds(), 10),
+		sid:    hex.EncodeToString(id[:]),
 	}
-	c.channel = "{" + c.esc + "}grants"
-	c.shut, c.shutNow = context.WithCancel(context.Background())
-	c.closing = c.shut.Done()
-	c.bg, c.stopBg = context.WithCancel(context.Background())
+	e.channel = "{" + e.esc + "}grants"
+	if err := e.subscribe(); err != nil {
+		k.Abort()
+		return nil, nil, err
+	}
+	k.Start(e)
+	return k, e, nil
+}
 
-	c.pubsub = client.Subscribe(c.bg, c.channel)
-	c.wg.Add(3)
-	go c.listen()
-	go c.renewLoop()
-	go c.janitorLoop()
-	t := time.NewTimer(startTimeout)
-	defer t.Stop()
-	select {
-	case <-c.ready:
-	case <-t.C:
-		c.stopBg()
-		c.pubsub.Close()
-		c.wg.Wait()
-		return nil, fmt.Errorf("subscribe %q: no confirmation within %v", c.channel, startTimeout)
+// subscribe subscribes to the prefix's channel and starts the dispatch;
+// it returns once the server confirmed the subscription, or with the
+// cause of the failure.
+func (e *engine) subscribe() error {
+	ctx, cancel := context.WithTimeout(e.k.Background(), startTimeout)
+	defer cancel()
+	e.pubsub = e.client.Subscribe(e.k.Background())
+	// The first confirmation is read here, so that a failure returns its
+	// cause (an unreachable server: the dial's error) rather than a
+	// timeout; the dispatch goes on from there.
+	if err := e.pubsub.Subscribe(ctx, e.channel); err != nil {
+		e.pubsub.Close()
+		return fmt.Errorf("subscribe %q: %w", e.channel, err)
 	}
-	if cfg.observer != nil {
-		c.obs = cfg.observer.Register(c.name, c.stats)
+	msg, err := e.pubsub.ReceiveTimeout(ctx, startTimeout)
+	if err != nil {
+		e.pubsub.Close()
+		return fmt.Errorf("subscribe %q: %w", e.channel, err)
 	}
-	if cfg.debug {
-		_, c.unreg = registry.Register(c.name, debugSource{c})
+	if m, ok := msg.(*redis.Subscription); !ok || m.Kind != "subscribe" {
+		e.pubsub.Close()
+		return fmt.Errorf("subscribe %q: unexpected reply %v", e.channel, msg)
 	}
-	return c, nil
+	e.k.Go(e.listen)
+	context.AfterFunc(e.k.Background(), func() { e.pubsub.Close() })
+	return nil
 }
 
 // Locked reports whether key has a holder or a queued call in any process
@@ -196,13 +222,13 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	var n int64
 	var err, cerr error // n, cerr: written by the goroutine, read only once it returned
-	if l.c.bounded(ctx, func() { _, n, _, cerr = l.c.check(ctx, key, "") }) {
+	if l.k.Bounded(ctx, func() { _, n, _, cerr = l.e.check(ctx, key, "") }) {
 		err = cerr
 	} else {
-		err = ctxerr.Of(ctx)
+		err = ctx.Err()
 	}
 	if err != nil {
-		return false, lockError("Locked", key, owner.Of(ctx), callError(ctx, err))
+		return false, backend.CallError(ctx, "Locked", key, err)
 	}
 	return n > 0, nil
 }
@@ -223,86 +249,7 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 // safe to call more than once and concurrently; a later call waits for
 // the first to finish and returns nil, or an error wrapping its own ctx's
 // error if that ends first. A nil ctx means context.Background.
-func (l *Locker) Close(ctx context.Context) error { return l.c.close(ctx, "Close") }
+func (l *Locker) Close(ctx context.Context) error { return l.k.Close(ctx) }
 
 // Close closes the Semaphore, as Locker.Close.
-func (s *Semaphore) Close(ctx context.Context) error { return s.c.close(ctx, "Close") }
-
-func (c *core) close(ctx context.Context, op string) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	c.mu.Lock()
-	first := !c.isClosed
-	if first {
-		c.isClosed = true
-		c.shutNow()
-	}
-	c.mu.Unlock()
-	if !first {
-		select {
-		case <-c.closed:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("redislock: %s: %w", op, ctxerr.Of(ctx))
-		}
-	}
-	defer close(c.closed)
-
-	var errs []error
-	if held := c.waitIdle(ctx); held > 0 {
-		noun := "grants"
-		if held == 1 {
-			noun = "grant"
-		}
-		errs = append(errs, fmt.Errorf("redislock: %s: %d %s still held, now lost: %w", op, held, noun, ctxerr.Of(ctx)))
-	}
-	c.stopBg()
-	c.pubsub.Close()
-	c.wg.Wait()
-
-	c.mu.Lock()
-	for _, g := range c.entries {
-		if g.state == held {
-			c.loseLocked(g)
-			c.janitor[g.member] = cleanup{key: g.key}
-		}
-	}
-	c.mu.Unlock()
-	end, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if err := c.sweep(end); err != nil {
-		errs = append(errs, fmt.Errorf("redislock: %s: remove entries: %w", op, err))
-	}
-	if c.unreg != nil {
-		c.unreg()
-	}
-	if c.obs != nil {
-		c.obsMu.Lock()
-		c.obsGone = true
-		c.obsMu.Unlock()
-		c.obs.Unregister()
-	}
-	return errors.Join(errs...)
-}
-
-// waitIdle waits until no call is in progress, no grant is held and no
-// enqueueing script is pending, or ctx is done. Calls and pending scripts
-// end on their own in bounded time once c.closing is closed, so it waits
-// for them even past ctx; it returns how many grants were still held.
-func (c *core) waitIdle(ctx context.Context) int {
-	done, expired := ctx.Done(), false
-	for {
-		c.mu.Lock()
-		calls, held, pending := c.calls, c.held, c.pending
-		c.mu.Unlock()
-		if calls == 0 && pending == 0 && (held == 0 || expired) {
-			return held
-		}
-		select {
-		case <-c.idle:
-		case <-done:
-			done, expired = nil, true
-		}
-	}
-}
+func (s *Semaphore) Close(ctx context.Context) error { return s.k.Close(ctx) }

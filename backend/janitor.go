@@ -1,0 +1,139 @@
+package backend
+
+import (
+	"context"
+	"time"
+)
+
+// Removing entries: remove takes out an entry that must go now (a
+// cancelled call's, a finished Turn's, an abandoned write's), and the
+// janitor retries the removals that failed.
+//
+// The janitor. An entry that must go but could not be removed at once
+// (the engine unreachable, or a write whose outcome is unknown) is
+// recorded and its removal retried every second until it succeeds, or,
+// for a write whose outcome is unknown, until a grace period passes after
+// which that write can no longer be applied. Close makes a last attempt.
+// An entry the janitor has not removed yet dies with its session once
+// nothing renews it.
+
+// CleanupTimeout bounds a removal made on a detached context (a
+// cancelled call's entry, Close's last removals), and how long a write
+// may go on after its call returned.
+const CleanupTimeout = 5 * time.Second
+
+// unknownGrace is how long after a write with an unknown outcome the
+// janitor keeps removing its entry, in case the write is applied late.
+const unknownGrace = time.Minute
+
+// cleanup is an entry the janitor removes.
+type cleanup struct {
+	entry Entry
+	until time.Time // keep removing until then (a write that may still land); zero: once
+}
+
+// Cleanup records that e must be removed and wakes the janitor; unknown
+// says the write of e has an unknown outcome, so its removal is repeated
+// for a grace period in case the write lands late. Engines call it for
+// what they cannot remove themselves.
+func (k *Core) Cleanup(e Entry, unknown bool) {
+	if e.ID == "" {
+		return
+	}
+	cl := cleanup{entry: e}
+	if unknown {
+		cl.until = time.Now().Add(unknownGrace)
+	}
+	k.mu.Lock()
+	k.janitor[e.ID] = cl
+	k.mu.Unlock()
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// remove removes e now, on the Locker's background context bounded by
+// CleanupTimeout, not a call's (a cancelled call's context must not stop
+// its cleanup: the failure mode of etcd-io/etcd#18082), and hands it to
+// the janitor if that fails or does not finish within the bound.
+func (k *Core) remove(e Entry) {
+	ctx, cancel := context.WithTimeout(k.bg, CleanupTimeout)
+	var err, rerr error // rerr: written by the goroutine, read only once it returned
+	if k.bounded(ctx, func() { rerr = k.engine.Remove(ctx, e) }) {
+		err = rerr
+	} else {
+		err = ctx.Err()
+	}
+	cancel()
+	if err != nil {
+		if k.bg.Err() == nil {
+			k.logger.Warn(k.pkg+": could not remove an entry; retrying in the background",
+				"locker", k.name, "key", LogKey(e.Key), "error", err)
+		}
+		k.Cleanup(e, false)
+	}
+}
+
+// removeLater removes e on a goroutine of its own, which Close waits for,
+// so that the call that left it returns at once.
+func (k *Core) removeLater(e Entry) {
+	k.mu.Lock()
+	k.pending++
+	k.mu.Unlock()
+	go func() {
+		k.remove(e)
+		k.mu.Lock()
+		k.pending--
+		k.signalIdle()
+		k.mu.Unlock()
+	}()
+}
+
+// janitorLoop retries recorded removals every second while there are
+// some, until the background context ends.
+func (k *Core) janitorLoop() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.kick:
+		case <-t.C:
+		case <-k.bg.Done():
+			return
+		}
+		k.sweep(k.bg)
+	}
+}
+
+// sweep tries every recorded removal once, until ctx ends, and returns
+// the last error.
+func (k *Core) sweep(ctx context.Context) error {
+	k.mu.Lock()
+	todo := make([]cleanup, 0, len(k.janitor))
+	for _, cl := range k.janitor {
+		todo = append(todo, cl)
+	}
+	k.mu.Unlock()
+	var last error
+	for _, cl := range todo {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rctx, cancel := context.WithTimeout(ctx, CleanupTimeout)
+		err := k.engine.Remove(rctx, cl.entry)
+		cancel()
+		if err != nil {
+			last = err
+			continue
+		}
+		if cl.until.IsZero() || time.Now().After(cl.until) {
+			k.mu.Lock()
+			if k.janitor[cl.entry.ID] == cl {
+				delete(k.janitor, cl.entry.ID)
+			}
+			k.mu.Unlock()
+		}
+	}
+	return last
+}
