@@ -197,7 +197,7 @@ func (k *Core) run(ctx context.Context, c *Call) error {
 // removed. gate, if not nil, is closed when the engine can be asked to
 // Refresh c.
 func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
-	retry := newBackoff()
+	retry := NewBackoff()
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -232,7 +232,7 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 			g, err := k.engine.Refresh(ctx, c)
 			switch {
 			case err == nil:
-				retry.reset()
+				retry.Reset()
 				if gate = g; gate != nil {
 					k.mu.Lock()
 					c.refresh = true
@@ -253,9 +253,9 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 			c.refresh = true
 			k.mu.Unlock()
 			if timer == nil {
-				timer = time.NewTimer(retry.next())
+				timer = time.NewTimer(retry.Next())
 			} else {
-				timer.Reset(retry.next())
+				timer.Reset(retry.Next())
 			}
 			pause = timer.C
 		}
@@ -301,18 +301,4 @@ func (k *Core) cancel(c *Call, err error) error {
 	// its ctx's end.
 	k.remove(e)
 	return err
-}
-
-// backoff paces retries: 50 ms doubling to 1 s.
-type backoff struct{ d time.Duration }
-
-func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
-
-func (b *backoff) reset() { b.d = 50 * time.Millisecond }
-
-// next returns the current delay and doubles it.
-func (b *backoff) next() time.Duration {
-	d := b.d
-	b.d = min(2*b.d, time.Second)
-	return d
 }

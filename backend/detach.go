@@ -26,17 +26,27 @@ var errClosed = fairlock.ErrClosed
 // own and waits for it until ctx is done; it reports whether fn returned.
 // The goroutine counts as pending, so Close waits for it.
 func (k *Core) bounded(ctx context.Context, fn func()) bool {
-	done := make(chan struct{})
 	k.mu.Lock()
 	k.pending++
 	k.mu.Unlock()
-	go func() {
+	return k.within(ctx, func() {
 		fn()
-		close(done)
 		k.mu.Lock()
 		k.pending--
 		k.signalIdle()
 		k.mu.Unlock()
+	})
+}
+
+// within runs fn on a goroutine of its own and waits for it until ctx is
+// done; it reports whether fn returned. Close does not wait for it: it is
+// an Unlock's round trip, whose grant Close counts, and gives up on, as
+// a grant.
+func (k *Core) within(ctx context.Context, fn func()) bool {
+	done := make(chan struct{})
+	go func() {
+		fn()
+		close(done)
 	}()
 	select {
 	case <-done:

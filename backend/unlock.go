@@ -139,7 +139,7 @@ func (c *Call) Unlock(ctx context.Context) error {
 	default:
 		var removed bool
 		var rerr error // removed, rerr: written by the goroutine, read only once it returned
-		if k.bounded(ctx, func() { removed, rerr = k.engine.Release(ctx, c) }) {
+		if k.within(ctx, func() { removed, rerr = k.engine.Release(ctx, c) }) {
 			err = rerr
 		} else {
 			err = ctxerr.Of(ctx) // the round trip may still run: the janitor makes sure

@@ -61,38 +61,80 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
-	"sync/atomic"
+	"strings"
 	"time"
 
-	"github.com/fairlock/fairlock/debug/registry"
-	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
-	"github.com/fairlock/fairlock/owner"
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// A Locker's life: New makes its core (package backend) and engine
+// (engine.go), grants its lease (lease.go) and starts its watch
+// (hub.go); Locked reads a key's range, and Close ends it all. The calls
+// on keys are in acquire.go and semaphore.go, the grant's methods in
+// guard.go.
 
 // startTimeout bounds New's lease grant and watch creation.
 const startTimeout = 10 * time.Second
 
-// lockers counts Lockers made, for default names.
-var lockers atomic.Int64
+// Locker is a fair, strict-FIFO keyed lock shared by every process that
+// makes one with the same etcd cluster and prefix. Make one with New; the
+// zero Locker is not usable. All methods are safe for concurrent use.
+//
+// A Locker holds one lease (renewed every third of its TTL while the
+// Locker is open), one watch on its prefix, and four goroutines: the
+// lease's renewal, its replacement, the watch's dispatch, and a janitor
+// that retries deletions that failed; and, while they run, one goroutine
+// per enqueueing transaction and per abandoned lease being revoked, and
+// two per watch being opened or listing being read. Close stops them all.
+// While it has calls queued or held, a Locker whose watch has been
+// silent for a tenth of the TTL (0.3 to 1 s) asks the server for a
+// progress notification on it, a small message each way, and replaces a
+// watch that does not answer (hub.go: a member that stopped answering
+// without closing the connection).
+type Locker struct {
+	k *backend.Core
+	e *engine
+}
+
+var (
+	_ keylock.RWLocker  = (*Locker)(nil)
+	_ keylock.Semaphore = (*Semaphore)(nil)
+	_ keylock.Lease     = (*Guard)(nil)
+)
+
+// ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
+// that Guard.Unlock returns for a grant that was lost before it was
+// unlocked: its lease expired or was revoked, its key was deleted by
+// someone else, or the Locker could not renew the lease for a TTL (see
+// Guard.Lost). Another process may have held the key since; anything
+// written under the grant must be checked with its fencing token.
+var ErrLost = fairlock.ErrLost
+
+// errClosed is what a call on a closed Locker fails with, before it is
+// wrapped.
+var errClosed = fairlock.ErrClosed
 
 // New returns a Locker whose keys live under prefix in the etcd cluster
 // that client talks to. Lockers in any number of processes that use the
 // same cluster and prefix exclude each other, key by key. prefix must not
 // be empty; one trailing '/' is implied ("locks" and "locks/" are the
-// same), and one made only of slashes is refused. Nothing but the
-// Locker's keys may be written under it, nor may a Semaphore share it
-// (each would count the other's calls as exclusive ones: see Semaphore).
-// A nil Option is ignored.
+// same), and one made only of slashes is refused; etcd's convention is a
+// leading '/' ("/locks/orders"), and redislock takes the same form.
+// Nothing but the Locker's keys may be written under it, nor may a
+// Semaphore share it (each would count the other's calls as exclusive
+// ones: see Semaphore). A nil Option is ignored.
 //
 // New grants the Locker's lease (WithTTL) and starts its watch on the
 // prefix before it returns: two round trips, bounded by 10 s and by
-// client.Ctx(). It returns an error if either fails; it starts three
-// goroutines that Close stops. The client must stay open until Close has
-// returned.
+// client.Ctx(). It returns an error wrapping the cause if either fails
+// (an unreachable cluster: the client's dial error, as soon as the
+// client gives up); it starts four goroutines that Close stops. The
+// client must stay open until Close has returned.
 func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error) {
 	return newLocker("New", client, prefix, 0, opts)
 }
@@ -106,86 +148,66 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 	if prefix == "" || rootOf(prefix) == "/" {
 		return nil, fmt.Errorf("etcdlock: %s: prefix %q is empty or only slashes", op, prefix)
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
+	s := backend.NewSettings(opts)
+	s.TTL = ttlSeconds(s.TTL)
+	kind := "etcdlock.Locker"
+	if size > 0 {
+		kind = "etcdlock.Semaphore"
 	}
-	if cfg.name == "" {
-		cfg.name = "etcdlock-" + strconv.FormatInt(lockers.Add(1), 10)
-	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
+	k := backend.New(backend.Config{Package: "etcdlock", Kind: kind, Size: size, DefaultName: "etcdlock"}, s)
 	host, _ := os.Hostname()
-	ttl := ttlSeconds(cfg.ttl)
-	l := &Locker{
-		client:  client,
-		prefix:  prefix,
-		root:    rootOf(prefix),
-		size:    size,
-		name:    cfg.name,
-		logger:  cfg.logger,
-		value:   host + ":" + strconv.Itoa(os.Getpid()) + " ",
-		closed:  make(chan struct{}),
-		keys:    make(map[string][]*call),
-		written: make(map[*call]struct{}),
-		idle:    make(chan struct{}, 1),
+	e := &engine{
+		k:      k,
+		client: client,
+		prefix: prefix,
+		root:   rootOf(prefix),
+		size:   size,
+		value:  host + ":" + strconv.Itoa(os.Getpid()) + " ",
 	}
-	l.closing, l.beginClose = context.WithCancel(context.Background())
-	l.bg, l.stopBg = context.WithCancel(context.WithoutCancel(client.Ctx()))
-	// The components, each given what it needs of the Locker.
-	l.leases = leaseKeeper{
-		mu: &l.mu, client: client, ttl: ttl, closing: l.closing, bg: l.bg, wg: &l.wg,
-		logger: l.logger, name: l.name, lost: l.loseLease,
-		ch: make(chan struct{}),
+	e.leases = leaseKeeper{
+		mu: k.Mu(), k: k, client: client, ttl: s.TTL,
+		ch: make(chan struct{}), replace: make(chan struct{}, 1),
 	}
-	l.hub = hub{
-		mu: &l.mu, client: client, root: l.root, ttl: ttl, bg: l.bg, wg: &l.wg,
-		logger: l.logger, name: l.name, written: l.written,
+	e.hub = hub{
+		mu: k.Mu(), client: client, root: e.root, ttl: s.TTL, bg: k.Background(),
+		logger: s.Logger, name: k.Name(), k: k, judge: e.judgeLocked,
 	}
-	l.hub.init()
-	l.janitor = janitor{
-		mu: &l.mu, client: client, bg: l.bg, wg: &l.wg, logger: l.logger, name: l.name,
-		keys: make(map[string]cleanup), kick: make(chan struct{}, 1),
-	}
+	e.hub.init()
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
 	defer cancel()
-	ls, err := l.leases.grant(ctx)
-	if err != nil {
-		l.stopBg()
+	if err := e.leases.grant(ctx); err != nil {
+		k.Abort()
 		return nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}
-	l.leases.cur = ls
-	close(l.leases.ch)
-	ready := l.hub.readyCh()
-	l.wg.Add(3)
-	go l.leases.loop()
-	go l.hub.watchLoop()
-	go l.janitor.loop()
+	ready := e.hub.readyCh()
+	k.Go(e.leases.loop)
+	k.Go(e.hub.watchLoop)
 	select {
 	case <-ready:
 	case <-ctx.Done():
-		l.stopBg()
-		l.wg.Wait()
-		l.leases.revoke(ls)
-		return nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, l.root, ctx.Err())
+		k.Abort()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(client.Ctx()), backend.CleanupTimeout)
+		e.leases.revokeWith(rctx, e.leases.cur)
+		rcancel()
+		return nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, e.root, ctx.Err())
 	}
-	if cfg.observer != nil {
-		l.obs = cfg.observer.Register(l.name, l.stats)
-	}
-	if cfg.debug {
-		_, l.unreg = registry.Register(l.name, debugSource{l})
-	}
-	return l, nil
+	k.Start(e)
+	return &Locker{k, e}, nil
 }
 
 // ttlSeconds rounds d up to whole seconds, at least one: etcd's unit.
 func ttlSeconds(d time.Duration) time.Duration {
 	s := (d + time.Second - 1) / time.Second
 	return max(s, 1) * time.Second
+}
+
+// leaseOf returns the lease segment (hex) of one of a Locker's etcd key
+// names (keys.go).
+func leaseOf(name string) string {
+	last := name[strings.LastIndexByte(name, '/')+1:]
+	id, _, _ := strings.Cut(last, "-")
+	return id
 }
 
 // Locked reports whether key has a holder or a queued call in any process
@@ -197,9 +219,9 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	if ctx == nil {
 		panic("etcdlock: Locked with a nil context")
 	}
-	resp, err := l.client.Get(ctx, rangeOf(l.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := l.e.client.Get(ctx, rangeOf(l.e.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return false, lockError("Locked", key, owner.Of(ctx), callError(ctx, err))
+		return false, backend.CallError(ctx, "Locked", key, err)
 	}
 	return resp.Count > 0, nil
 }
@@ -222,89 +244,4 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 // than once and concurrently; a later call waits for the first to finish
 // and returns nil, or an error wrapping its own ctx's error if that ends
 // first. A nil ctx means context.Background.
-func (l *Locker) Close(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	l.mu.Lock()
-	first := l.closing.Err() == nil
-	if first {
-		l.beginClose()
-	}
-	l.mu.Unlock()
-	if !first {
-		select {
-		case <-l.closed:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("etcdlock: Close: %w", ctxerr.Of(ctx))
-		}
-	}
-	defer close(l.closed)
-
-	// Queued calls see closing, delete their keys and return.
-	var errs []error
-	if grants := l.waitIdle(ctx); grants > 0 {
-		noun := "grants"
-		if grants == 1 {
-			noun = "grant"
-		}
-		errs = append(errs, fmt.Errorf("etcdlock: Close: %d %s still held, now lost: %w", grants, noun, ctxerr.Of(ctx)))
-	}
-	l.stopBg()
-	l.wg.Wait()
-
-	l.mu.Lock()
-	ls := l.leases.cur
-	l.leases.cur = nil
-	for c := range l.written {
-		c.loseLocked()
-	}
-	l.mu.Unlock()
-	// The revoke deletes every key of the lease; then a last try at
-	// failed deletions (keys of an earlier lease, or of unknown outcome).
-	// Both share one bound, however many deletions are left.
-	end, cancel := context.WithTimeout(context.WithoutCancel(l.client.Ctx()), cleanupTimeout)
-	defer cancel()
-	if ls != nil {
-		if err := l.leases.revokeWith(end, ls); err != nil {
-			errs = append(errs, fmt.Errorf("etcdlock: Close: revoke lease %x: %w", int64(ls.id), err))
-		}
-	}
-	l.janitor.sweep(end)
-	if l.unreg != nil {
-		l.unreg()
-	}
-	if l.obs != nil {
-		// No report is in flight once obsGone is set: the observer hears
-		// nothing after Unregister.
-		l.obsMu.Lock()
-		l.obsGone = true
-		l.obsMu.Unlock()
-		l.obs.Unregister()
-	}
-	return errors.Join(errs...)
-}
-
-// waitIdle waits until no call is in progress, no grant is held and no
-// enqueueing transaction is pending, or ctx is done. Calls and pending
-// transactions end on their own in bounded time once l.closing has
-// ended, so it waits for them even past ctx; it returns how many grants
-// were still held.
-func (l *Locker) waitIdle(ctx context.Context) int {
-	done, expired := ctx.Done(), false
-	for {
-		l.mu.Lock()
-		calls, grants, pending := l.calls, l.grants, l.pending
-		l.mu.Unlock()
-		if calls == 0 && pending == 0 && (grants == 0 || expired) {
-			return grants
-		}
-		select {
-		case <-l.idle:
-		case <-done:
-			// Stop waiting for holders; keep waiting for calls.
-			done, expired = nil, true
-		}
-	}
-}
+func (l *Locker) Close(ctx context.Context) error { return l.k.Close(ctx) }

@@ -2,17 +2,19 @@ package etcdlock
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Guard is one grant of a key, in any mode: the keylock.Lease behind
 // every Lease that Locker.Lock, TryLock, RLock, TryRLock and
 // Semaphore.Acquire, TryAcquire return. Its Unlock releases the grant.
-// The etcd-specific IsOwner is one type assertion away:
+// It is the kit's record of the call (package backend) under this
+// package's name, so returning it allocates nothing more. The
+// etcd-specific IsOwner is one type assertion away:
 //
 //	lease, err := locks.Lock(ctx, "order-7")
 //	…
@@ -22,19 +24,13 @@ import (
 // Its methods are safe for concurrent use, and Unlock may be called from
 // any goroutine. A nil *Guard holds nothing: Unlock does nothing, Token
 // is 0, Lost is nil.
-type Guard struct {
-	l   *Locker
-	c   *call         // the call that was granted
-	sem chan struct{} // cap 1: one Unlock at a time
-}
+type Guard backend.Call
+
+// call returns the kit's record behind g.
+func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
 
 // Key returns the key the grant is for.
-func (g *Guard) Key() string {
-	if g == nil || g.c == nil {
-		return ""
-	}
-	return g.c.key
-}
+func (g *Guard) Key() string { return g.call().Key() }
 
 // Token returns the grant's fencing token: the creation revision of its
 // key in etcd. Every later grant of the same key under the same prefix,
@@ -44,27 +40,44 @@ func (g *Guard) Key() string {
 // (Kleppmann's fencing tokens, "How to do distributed locking", 2016).
 // Tokens of different keys are revisions of one etcd cluster and are
 // comparable with each other too. A nil Guard's token is 0.
-func (g *Guard) Token() uint64 {
-	if g == nil || g.c == nil {
-		return 0
-	}
-	return uint64(g.c.rev)
-}
+func (g *Guard) Token() uint64 { return g.call().Token() }
 
 // Lost returns a channel that is closed when the grant is lost while it
 // is held: its key was deleted by someone else, its lease expired or was
-// revoked, the Locker could not renew the lease for about its TTL (the
-// lease's deadline, see WithTTL), or Close ended the grant. It closes
-// within about a second of a revocation, expiry or deletion the server
-// reports (the prefix watch delivers the deletion as it is committed).
-// Unlock does not close it. Another process may hold the key as soon as
-// it is lost: stop writing, and fence what you write (Token, IsOwner).
-func (g *Guard) Lost() <-chan struct{} {
-	if g == nil || g.c == nil {
-		return nil
-	}
-	return g.c.lost
-}
+// revoked, the Locker could not renew the lease before its deadline (see
+// Deadline), or Close ended the grant. It closes within about a second
+// of a revocation, expiry or deletion the server reports (the prefix
+// watch delivers the deletion as it is committed). Unlock does not close
+// it. Another process may hold the key as soon as it is lost: stop
+// writing, and fence what you write (Token, IsOwner).
+func (g *Guard) Lost() <-chan struct{} { return g.call().Lost() }
+
+// Deadline returns the instant, on this process's monotonic clock, before
+// which no other call can be granted the key even if this process stops
+// right now: the send time of the last lease renewal the server confirmed
+// (or of the lease's grant), plus the TTL the server granted (etcd counts
+// it in whole seconds), less a tenth of it (for the two clocks' rates,
+// which may differ by up to 10%). etcd's leader expires a lease by its
+// own clock, from when it applied the renewal, after the send; a new
+// leader grants every lease a fresh TTL, so a leader change only moves
+// the real expiry later. The deadline only moves forward while the grant
+// is held, and Lost closes when it passes without a renewal. After
+// Unlock, or once the grant was lost, it is the instant that happened.
+// keylock.Valid(g) is the check to make right before an action that must
+// not run unprotected.
+func (g *Guard) Deadline() time.Time { return g.call().Deadline() }
+
+// HandOff makes the grant to's flow's from now on, as fairlock's
+// Guard.HandOff does in process: the old owner's next call on the key
+// waits for this grant's release instead of failing with ErrReentrant,
+// and debug output shows to. Give the worker that will release the grant
+// a flow of its own (owner.NewContext) and hand the grant to it before
+// handing the Guard over. It returns false, changing nothing, for a grant
+// released or lost, for owner 0, and for an owner with a call queued on
+// the key in this Locker (it would wait for itself). It makes no round
+// trip: ownership is this process's bookkeeping (the key's value in etcd
+// keeps the owner that took it).
+func (g *Guard) HandOff(to owner.ID) bool { return g.call().HandOff(to) }
 
 // IsOwner returns the etcd comparison that holds while this grant is
 // current: its key exists with its creation revision. Put it in the If of
@@ -77,10 +90,10 @@ func (g *Guard) Lost() <-chan struct{} {
 // it, whatever the clocks and pauses. A nil Guard's comparison never
 // holds.
 func (g *Guard) IsOwner() clientv3.Cmp {
-	if g == nil || g.c == nil {
+	if g == nil {
 		return clientv3.Compare(clientv3.CreateRevision("\x00etcdlock: no grant"), "=", -1)
 	}
-	return g.c.isOwner()
+	return isOwner(g.call().ID(), int64(g.Token()))
 }
 
 // Unlock releases the grant: it deletes the grant's key in one
@@ -102,87 +115,4 @@ func (g *Guard) IsOwner() clientv3.Cmp {
 // the Locker gave up while Unlock ran (its deadline passed: see Lost),
 // returns an error wrapping both ErrLost and the failure; errors.Is finds
 // either.
-func (g *Guard) Unlock(ctx context.Context) error {
-	if g == nil || g.c == nil {
-		return nil
-	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	// Take the Guard's turn without a look at ctx first: a select with a
-	// done ctx picks a ready case at random, and an Unlock with a done ctx
-	// must still release (its deletion then fails and goes to the janitor).
-	// Only an Unlock racing another Unlock of the Guard waits here.
-	select {
-	case g.sem <- struct{}{}:
-	default:
-		select {
-		case g.sem <- struct{}{}:
-		case <-ctx.Done():
-			return lockError("Unlock", g.c.key, g.c.owner, ctxerr.Of(ctx))
-		}
-	}
-	defer func() { <-g.sem }()
-	l, c := g.l, g.c
-	l.mu.Lock()
-	if c.state != held {
-		l.doubles++
-		l.mu.Unlock()
-		return nil
-	}
-	lostBefore := c.lostClosed
-	c.releasing = true
-	l.mu.Unlock()
-
-	var err error
-	gone := false
-	select {
-	case <-l.closed:
-		// Close revoked the lease and lost every grant: nothing to delete.
-		gone = true
-	default:
-		var resp *clientv3.TxnResponse
-		resp, err = l.client.Txn(ctx).If(c.isOwner()).Then(clientv3.OpDelete(c.name)).Commit()
-		if err != nil {
-			l.janitor.add(c.name, c.rev)
-		} else {
-			gone = !resp.Succeeded
-		}
-	}
-	now := time.Now()
-	l.mu.Lock()
-	// A failed deletion says nothing about the key; the grant was lost
-	// if Lost was closed before Unlock began or its lease was abandoned
-	// since. (A deletion that succeeded found the key current.)
-	lostToo := err != nil && (lostBefore || c.lease.abandoned)
-	if lostToo {
-		gone = true
-	}
-	l.hub.unwatchLocked(c)
-	delete(l.written, c)
-	l.forgetLocked(c)
-	c.state = released
-	l.grants--
-	if gone {
-		c.closeLost()
-	}
-	hold := now.Sub(c.granted)
-	l.signalIdle()
-	l.mu.Unlock()
-	if l.obs != nil {
-		l.obsMu.RLock()
-		if !l.obsGone {
-			l.obs.Release(hold)
-		}
-		l.obsMu.RUnlock()
-	}
-	switch {
-	case lostToo:
-		return lockError("Unlock", c.key, c.owner, fmt.Errorf("%w; deleting its key failed: %w", ErrLost, callError(ctx, err)))
-	case err != nil:
-		return lockError("Unlock", c.key, c.owner, callError(ctx, err))
-	case lostBefore || gone:
-		return lockError("Unlock", c.key, c.owner, ErrLost)
-	}
-	return nil
-}
+func (g *Guard) Unlock(ctx context.Context) error { return g.call().Unlock(ctx) }

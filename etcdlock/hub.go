@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
@@ -68,26 +70,28 @@ type deletion struct {
 
 // hub keeps the Locker's watch (watchLoop) and dispatches its deletions
 // to the calls subscribed to them. New sets the fields that come from the
-// Locker; they do not change after (written is the Locker's own map, read
-// under mu). The dispatch state below them is guarded by mu.
+// Locker; they do not change after. The dispatch state below them is
+// guarded by mu.
 type hub struct {
 	mu      *sync.Mutex // the Locker's mu
 	client  *clientv3.Client
 	root    string          // the Locker's rootOf(prefix): the prefix watched
 	ttl     time.Duration   // the Locker's lease TTL, which sets probeBound
 	bg      context.Context // the Locker's background context: ends watchLoop
-	wg      *sync.WaitGroup // the Locker's background goroutines
 	logger  *slog.Logger
-	name    string             // the Locker's name, for the log
-	written map[*call]struct{} // the Locker's calls with an etcd key (Locker.written)
+	name    string        // the Locker's name, for the log
+	k       *backend.Core // the Locker's core: its calls, and their grants and losses
+	// judge grants a call whose keys ahead leave room for it, or has it
+	// read its queue again (engine.judgeLocked).
+	judge func(*backend.Call, *waiter)
 
-	started bool               // the first watch was created
-	live    bool               // the watch is established and dispatching
-	ready   chan struct{}      // closed while live; replaced when the watch ends
-	from    int64              // see the comment above
-	recent  map[string]int64   // deleted key → revision, for revisions > from
-	order   []deletion         // recent, oldest first, for eviction
-	watched map[string][]*call // etcd key → calls that wait for its deletion or own it
+	started bool                       // the first watch was created
+	live    bool                       // the watch is established and dispatching
+	ready   chan struct{}              // closed while live; replaced when the watch ends
+	from    int64                      // see the comment above
+	recent  map[string]int64           // deleted key → revision, for revisions > from
+	order   []deletion                 // recent, oldest first, for eviction
+	watched map[string][]*backend.Call // etcd key → calls that wait for its deletion or own it
 
 	watchCancel context.CancelFunc // ends the current watch (tests: PauseWatch)
 	watchGate   chan struct{}      // tests: the next watch starts once it is closed
@@ -96,69 +100,137 @@ type hub struct {
 func (h *hub) init() {
 	h.ready = make(chan struct{})
 	h.recent = make(map[string]int64)
-	h.watched = make(map[string][]*call)
+	h.watched = make(map[string][]*backend.Call)
+}
+
+// waiter is a call's view of its queue, kept with it (backend.Call.Data):
+// what the last read of the keys ahead found, and what the call is
+// subscribed to. It is guarded by mu.
+type waiter struct {
+	claim claim // what the call asks for
+	// The last read of the queue, for subscribeLocked: the keys ahead,
+	// newest first (all of them if complete), at revision at.
+	ahead    []string
+	complete bool
+	at       int64
+	// The subscription.
+	weight     total    // the weight (claim.weigh) of aheadKeys
+	aheadKeys  []string // the subscribed keys ahead not yet deleted, oldest first
+	turns      int      // the Waits among aheadKeys (a shared call's)
+	ownWatched bool     // subscribed to its own key's deletion
+}
+
+// waiterOf returns c's waiter. mu is held.
+func waiterOf(c *backend.Call) *waiter {
+	w, _ := c.Data().(*waiter)
+	if w == nil {
+		w = &waiter{}
+		c.SetData(w)
+	}
+	return w
+}
+
+// ready reports whether the subscribed keys ahead that are left leave
+// room for the call: with complete, its turn has come. A shared call
+// behind a Wait waits until no reader is ahead of that Wait (its turn
+// has come); any other call counts a Wait ahead as transparent (weigh).
+// mu is held.
+func (w *waiter) ready() bool {
+	if !w.weight.atMost(w.claim.room()) {
+		return false
+	}
+	if w.turns == 0 {
+		return true
+	}
+	reader := false
+	for _, k := range w.aheadKeys {
+		switch a := claimOf(k); {
+		case a.turn && reader:
+			return false
+		case a.shared:
+			reader = true
+		}
+	}
+	return true
 }
 
 // readyCh returns the channel closed once the watch is live.
 func (h *hub) readyCh() <-chan struct{} { return h.ready }
 
 // subscribeLocked subscribes c to the deletion of the keys ahead of it
-// (all of them if complete) and of its own key, as read at revision at.
-// It reports false, with the channel to wait on before reading again, if
-// the hub cannot judge deletions after at. It wakes c at once if every
-// key ahead is already gone or its own key is. h.mu is held.
-func (h *hub) subscribeLocked(c *call, ahead []string, complete bool, at int64) (bool, <-chan struct{}) {
-	if !h.live || at < h.from {
+// that w's last read found (all of them if complete) and of its own key,
+// as read at revision w.at. It reports false, with the channel to wait on
+// before reading again, if the hub cannot judge deletions after w.at. A
+// key ahead that was deleted after w.at counts as gone; so does c's own,
+// which loses c. h.mu is held.
+func (h *hub) subscribeLocked(c *backend.Call, w *waiter) (bool, <-chan struct{}) {
+	if !h.live || w.at < h.from {
 		return false, h.ready
 	}
-	h.unwatchAheadLocked(c)
-	c.complete = complete
-	for _, k := range ahead {
-		if r, ok := h.recent[k]; ok && r > at {
-			continue
-		}
-		w := c.claim.weigh(k)
-		if w == 0 {
-			continue // a reader ahead of a reader: it never keeps it waiting
-		}
-		h.watched[k] = append(h.watched[k], c)
-		c.aheadKeys = append(c.aheadKeys, k)
-		c.weight.add(w)
-	}
-	if !c.ownWatched {
-		if r, ok := h.recent[c.name]; ok && r > at {
-			c.loseLocked()
+	h.unwatchAheadLocked(c, w)
+	h.watchAheadLocked(c, w)
+	if !w.ownWatched {
+		if r, ok := h.recent[c.ID()]; ok && r > w.at {
+			h.k.LoseLocked(c)
 		} else {
-			h.watched[c.name] = append(h.watched[c.name], c)
-			c.ownWatched = true
+			h.watched[c.ID()] = append(h.watched[c.ID()], c)
+			w.ownWatched = true
 		}
-	}
-	if c.ready() {
-		c.signal()
 	}
 	return true, nil
 }
 
+// watchAheadLocked subscribes c to the keys ahead in w.ahead that keep it
+// waiting, skipping those deleted after w.at. h.mu is held.
+func (h *hub) watchAheadLocked(c *backend.Call, w *waiter) {
+	// A shared call behind a Wait must know the readers ahead of that
+	// Wait too (ready).
+	all := false
+	if w.claim.shared {
+		for _, k := range w.ahead {
+			all = all || claimOf(k).turn
+		}
+	}
+	for i := len(w.ahead) - 1; i >= 0; i-- { // oldest first
+		k := w.ahead[i]
+		if r, ok := h.recent[k]; ok && r > w.at {
+			continue
+		}
+		weight := w.claim.weigh(k)
+		a := claimOf(k)
+		if weight == 0 && !(all && (a.shared || a.turn)) {
+			continue // never keeps the call waiting
+		}
+		h.watched[k] = append(h.watched[k], c)
+		w.aheadKeys = append(w.aheadKeys, k)
+		w.weight.add(weight)
+		if a.turn && w.claim.shared {
+			w.turns++
+		}
+	}
+}
+
 // unwatchAheadLocked removes c's subscriptions to keys ahead. h.mu is held.
-func (h *hub) unwatchAheadLocked(c *call) {
-	for _, k := range c.aheadKeys {
+func (h *hub) unwatchAheadLocked(c *backend.Call, w *waiter) {
+	for _, k := range w.aheadKeys {
 		h.drop(k, c)
 	}
-	c.aheadKeys = c.aheadKeys[:0]
-	c.weight = total{}
+	w.aheadKeys = w.aheadKeys[:0]
+	w.weight = total{}
+	w.turns = 0
 }
 
 // unwatchLocked removes every subscription of c. h.mu is held.
-func (h *hub) unwatchLocked(c *call) {
-	h.unwatchAheadLocked(c)
-	if c.ownWatched {
-		h.drop(c.name, c)
-		c.ownWatched = false
+func (h *hub) unwatchLocked(c *backend.Call, w *waiter) {
+	h.unwatchAheadLocked(c, w)
+	if w.ownWatched {
+		h.drop(c.ID(), c)
+		w.ownWatched = false
 	}
 }
 
 // drop removes c from the subscribers of k.
-func (h *hub) drop(k string, c *call) {
+func (h *hub) drop(k string, c *backend.Call) {
 	cs := h.watched[k]
 	if i := slices.Index(cs, c); i >= 0 {
 		cs = slices.Delete(cs, i, i+1)
@@ -170,7 +242,9 @@ func (h *hub) drop(k string, c *call) {
 	}
 }
 
-// deletedLocked dispatches the deletion of key at revision rev. h.mu is
+// deletedLocked dispatches the deletion of key at revision rev: it loses
+// the call whose own key it is, and judges again each call that waited
+// for it (judge: grant it, or have it read its queue again). h.mu is
 // held.
 func (h *hub) deletedLocked(key string, rev int64) {
 	h.recent[key] = rev
@@ -192,18 +266,21 @@ func (h *hub) deletedLocked(key string, rev int64) {
 	}
 	delete(h.watched, key)
 	for _, c := range cs {
-		if key == c.name {
-			c.ownWatched = false
-			c.loseLocked()
+		w := waiterOf(c)
+		if key == c.ID() {
+			w.ownWatched = false
+			h.k.LoseLocked(c)
 			continue
 		}
-		if i := slices.Index(c.aheadKeys, key); i >= 0 {
-			c.aheadKeys = slices.Delete(c.aheadKeys, i, i+1)
-			was := c.ready()
-			w := c.claim.weigh(key)
-			c.weight.sub(w)
-			if !was && c.ready() {
-				c.signal()
+		if i := slices.Index(w.aheadKeys, key); i >= 0 {
+			was := w.ready()
+			w.aheadKeys = slices.Delete(w.aheadKeys, i, i+1)
+			w.weight.sub(w.claim.weigh(key))
+			if claimOf(key).turn && w.claim.shared {
+				w.turns--
+			}
+			if !was && w.ready() {
+				h.judge(c, w)
 			}
 		}
 	}
@@ -233,7 +310,7 @@ func (h *hub) deletedLocked(key string, rev int64) {
 // (the silence, then the unanswered request; the ticker checks every
 // probe/4), and replaced within about 2·probe more. Each time the bound
 // runs out without an answer it grows by probe for the next try, up to
-// cleanupTimeout, so that a slow server that answers, late, is not given
+// backend.CleanupTimeout, so that a slow server that answers, late, is not given
 // up on again and again; an answered progress request resets it.
 
 // probeBound is the silence, and the wait for an answer, after which a
@@ -252,8 +329,7 @@ var watchSeq atomic.Uint64
 // watchLoop keeps the Locker's watch on its prefix and dispatches
 // deletions until h.bg ends. It runs in its own goroutine.
 func (h *hub) watchLoop() {
-	defer h.wg.Done()
-	retry := newBackoff()
+	retry := backend.NewBackoff()
 	base := probeBound(h.ttl)
 	bound := base
 	for h.bg.Err() == nil {
@@ -296,7 +372,7 @@ func (h *hub) watchLoop() {
 		}
 		stalled := errors.Is(err, errWatchStalled)
 		if stalled {
-			bound = min(bound+base, cleanupTimeout)
+			bound = min(bound+base, backend.CleanupTimeout)
 		}
 		if err != nil {
 			h.logger.Warn("etcdlock: watch ended; restarting it", "locker", h.name, "prefix", h.root, "error", err)
@@ -305,7 +381,7 @@ func (h *hub) watchLoop() {
 		}
 		// A watch that did not answer has had its wait: the next goes
 		// out at once, on another connection.
-		if !stalled && !retry.wait(h.bg) {
+		if !stalled && !retry.Wait(h.bg) {
 			return
 		}
 	}
@@ -378,7 +454,7 @@ func (h *hub) openWatch(parent context.Context, bound time.Duration) (context.Co
 // fails to answer within *bound (see above), and returns why: nil if the
 // channel closed, else the watch's error or errWatchStalled. An answered
 // progress request resets *bound to base.
-func (h *hub) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *backoff, bound *time.Duration, base time.Duration) error {
+func (h *hub) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *backend.Backoff, bound *time.Duration, base time.Duration) error {
 	tick := time.NewTicker(*bound / 4)
 	defer tick.Stop()
 	heard := time.Now()
@@ -400,7 +476,7 @@ func (h *hub) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *bac
 				if err := h.goLive(ctx, resp.Header.Revision, bound, base); err != nil {
 					return err
 				}
-				retry.reset()
+				retry.Reset()
 				heard = time.Now()
 				continue
 			}
@@ -438,7 +514,12 @@ func (h *hub) serveWatch(ctx context.Context, wch clientv3.WatchChan, retry *bac
 func (h *hub) busy() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.written) > 0
+	busy := false
+	h.k.WrittenLocked(func(*backend.Call) bool {
+		busy = true
+		return false
+	})
+	return busy
 }
 
 // goLive makes the hub live on a watch created at revision w. The first
@@ -509,7 +590,7 @@ func (h *hub) list(ctx context.Context, bound *time.Duration, base time.Duration
 		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
-		*bound = min(*bound+base, cleanupTimeout)
+		*bound = min(*bound+base, backend.CleanupTimeout)
 	}
 	return nil, err
 }
@@ -519,46 +600,52 @@ func (h *hub) list(ctx context.Context, bound *time.Duration, base time.Duration
 // watched). Calls that subscribe later read etcd themselves: the hub
 // refuses them until it is live again. h.mu is held.
 func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
-	var subscribed []*call
-	for c := range h.written {
-		if c.ownWatched {
+	var subscribed []*backend.Call
+	h.k.WrittenLocked(func(c *backend.Call) bool {
+		w, ok := c.Data().(*waiter)
+		if !ok {
+			return true
+		}
+		if w.ownWatched {
 			subscribed = append(subscribed, c)
 		}
-		c.aheadKeys = c.aheadKeys[:0]
-		c.weight = total{}
-		c.ownWatched = false
-	}
+		w.aheadKeys = w.aheadKeys[:0]
+		w.weight = total{}
+		w.turns = 0
+		w.ownWatched = false
+		return true
+	})
 	clear(h.watched)
 	created := make(map[string]int64, len(kvs))
 	for _, kv := range kvs {
 		created[string(kv.Key)] = kv.CreateRevision
 	}
+	// Oldest first, as a read sorted by creation revision returns them
+	// (newest first) read backwards: the order waiter.ready walks.
+	sorted := slices.Clone(kvs)
+	slices.SortFunc(sorted, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(b.CreateRevision, a.CreateRevision) })
 	for _, c := range subscribed {
-		if created[c.name] != c.rev {
-			c.loseLocked()
+		w := waiterOf(c)
+		if created[c.ID()] != int64(c.Token()) {
+			h.k.LoseLocked(c)
 			continue
 		}
-		h.watched[c.name] = append(h.watched[c.name], c)
-		c.ownWatched = true
-		if c.state != queued {
+		h.watched[c.ID()] = append(h.watched[c.ID()], c)
+		w.ownWatched = true
+		if c.Held() {
 			continue
 		}
-		r := rangeOf(h.root, c.key)
-		for _, kv := range kvs {
-			if kv.CreateRevision < c.rev && strings.HasPrefix(string(kv.Key), r) {
-				k := string(kv.Key)
-				w := c.claim.weigh(k) // a call of another size counts as the whole size
-				if w == 0 {
-					continue
-				}
-				h.watched[k] = append(h.watched[k], c)
-				c.aheadKeys = append(c.aheadKeys, k)
-				c.weight.add(w)
+		r := rangeOf(h.root, c.Key())
+		w.ahead = w.ahead[:0]
+		for _, kv := range sorted {
+			if kv.CreateRevision < int64(c.Token()) && strings.HasPrefix(string(kv.Key), r) {
+				w.ahead = append(w.ahead, string(kv.Key))
 			}
 		}
-		c.complete = true
-		if c.ready() {
-			c.signal()
+		w.complete = true
+		h.watchAheadLocked(c, w)
+		if w.ready() {
+			h.judge(c, w)
 		}
 	}
 }

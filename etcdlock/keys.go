@@ -28,16 +28,21 @@ import (
 // process decides a grant from the names of the keys ahead alone (a
 // keys-only read, and the watch's deletions, carry nothing else):
 //
-//	<lease>-<n>              Lock, TryLock, Wait: exclusive
+//	<lease>-<n>              Lock, TryLock: exclusive
 //	<lease>-<n>-r            RLock, TryRLock: shared
+//	<lease>-<n>-w            Wait: a turn, exclusive until it comes
 //	<lease>-<n>-u<w>.<size>  Semaphore.Acquire, TryAcquire: w of size units
 //
 // (w and size in decimal). A call is granted when the calls ahead of it
-// leave room for it (claim.weigh): an exclusive call, when none is left;
-// a shared one, when every call ahead is shared; w units, when the units
-// of every call ahead plus w fit in size. A name this layout does not
-// know counts as exclusive, so a process never grants beside a call it
-// cannot read.
+// leave room for it (claim.weigh, waiter.ready): an exclusive call, when
+// none is left but Waits; a shared one, when every call ahead is shared
+// or a Wait whose turn has come (only Waits ahead of it); w units, when
+// the units of every call ahead plus w fit in size. A Wait whose turn
+// has come is transparent: the calls behind it are judged as if it were
+// gone, before its Locker deletes its key, so one release frees every
+// Wait directly behind it and the call behind them at once. A name this
+// layout does not know counts as exclusive, so a process never grants
+// beside a call it cannot read (an older release reads a Wait's name so).
 
 // escapeKey returns k with '%' and '/' percent-encoded.
 func escapeKey(k string) string {
@@ -135,6 +140,8 @@ func newName(root, key string, id clientv3.LeaseID, n uint64, c claim) string {
 	b.WriteByte('-')
 	b.WriteString(strconv.FormatUint(n, 16))
 	switch {
+	case c.turn:
+		b.WriteString("-w")
 	case c.size > 0:
 		b.WriteString("-u")
 		b.WriteString(strconv.FormatInt(c.w, 10))
@@ -147,10 +154,11 @@ func newName(root, key string, id clientv3.LeaseID, n uint64, c claim) string {
 }
 
 // claim is what a call asks for: the zero claim is exclusive (Lock,
-// TryLock, Wait); shared is a reader's; size > 0 is w of a Semaphore's
-// size units.
+// TryLock); turn is a Wait's; shared is a reader's; size > 0 is w of a
+// Semaphore's size units.
 type claim struct {
 	shared  bool
+	turn    bool
 	w, size int64
 }
 
@@ -165,6 +173,8 @@ func claimOf(name string) claim {
 		return claim{}
 	case mode == "r":
 		return claim{shared: true}
+	case mode == "w":
+		return claim{turn: true}
 	case strings.HasPrefix(mode, "u"):
 		ws, ns, _ := strings.Cut(mode[1:], ".")
 		w, err1 := strconv.ParseInt(ws, 10, 64)
@@ -186,12 +196,15 @@ func (c claim) room() int64 {
 }
 
 // weigh returns how much the call ahead named ahead keeps c waiting: c is
-// granted once the weights of the calls ahead add up to at most c.room().
-// An exclusive call is kept waiting by every call ahead (weight 1); a
-// shared one by every call that is not shared (a reader ahead weighs 0);
-// w units by the units of each call of the same size ahead, and by the
-// whole size for any other call, a Semaphore call of another size
-// included: units of two sizes are never counted together.
+// granted once the weights of the calls ahead add up to at most c.room()
+// (and, for a shared call, the Waits ahead are in order: waiter.ready).
+// An exclusive call or a Wait is kept waiting by every call ahead but a
+// Wait (weight 1; a Wait ahead has had its turn once everything else
+// ahead is gone); a shared one by every call that is neither shared nor a
+// Wait (a reader ahead weighs 0); w units by the units of each call of
+// the same size ahead, and by the whole size for any other call, a
+// Semaphore call of another size included: units of two sizes are never
+// counted together.
 func (c claim) weigh(ahead string) int64 {
 	a := claimOf(ahead)
 	switch {
@@ -199,7 +212,9 @@ func (c claim) weigh(ahead string) int64 {
 		return a.w
 	case c.size > 0:
 		return c.size
-	case c.shared && a.shared:
+	case a.turn && !c.shared:
+		return 0
+	case c.shared && (a.shared || a.turn):
 		return 0
 	}
 	return 1

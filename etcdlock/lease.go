@@ -3,260 +3,223 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/fairlock/fairlock/etcdlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/ctxerr"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Lease renewal. A Locker has one lease at a time; every key it writes is
-// attached to it. The lease loop renews it with one KeepAliveOnce every
-// third of its TTL and keeps the lease's deadline: the send time of the
-// last successful renewal plus the TTL the server granted, less a tenth.
-// The server cannot have expired the lease before that instant, as long
-// as the two clocks run at rates within 10% of each other; the renewal's
-// send time, not its reply's arrival, starts the count.
-//
-// Each renewal attempt has its own bound, renewBound(TTL), a sixth of the
-// TTL: an attempt whose connection leads to a member that no longer
-// answers (a host gone from the network without resetting its
-// connections: nothing fails, nothing arrives) is given up after that
+// Leases: a Locker's session in etcd. A Locker has one lease at a time;
+// every key it writes is attached to it. The kit (package backend)
+// renews it every third of its TTL through Renew below, one KeepAliveOnce
+// per round, and keeps its deadline: the send time of the last successful
+// renewal plus the TTL the server granted, less a tenth. Each round is
+// bounded by a sixth of the TTL (at least 250 ms): a renewal whose
+// connection leads to a member that no longer answers (a host gone from
+// the network without resetting its connections) is given up after that
 // bound and retried at once, with two renewals sent together. The client
 // balances its requests round-robin over its connections (the gRPC
 // round_robin policy clientv3 sets), so the retries go out on other
-// connections where the client has them, and a lease is abandoned only
-// when no attempt reached a member of a quorum from a third of the TTL to
-// its deadline: several rounds, since that window is 0.57 TTL long. After
-// a fast failure (an error, not the bound) the next attempt waits a tenth
-// of the TTL.
+// connections where the client has them, and a lease is lost only when no
+// attempt reached a member of a quorum from a third of the TTL to its
+// deadline: several rounds, since that window is 0.57 TTL long.
 //
-// The lease is abandoned when the server says it is gone (revoked or
-// expired: ErrLeaseNotFound), when a write with it fails that way, or when
-// its deadline passes without a renewal. Then every grant on it is lost
-// (Lost closes), every queued call on it queues again under the next
-// lease (its place is gone with its key), the old lease is revoked in the
-// background (retried for up to twice the TTL: its keys go as soon as the
-// server is reachable, else when it expires), and the loop grants a new
-// lease for later calls: the Locker does not die with its session.
+// The lease ends when the server says it is gone (revoked or expired:
+// ErrLeaseNotFound), when a write with it fails that way, or when its
+// deadline passes without a renewal. Then every grant on it is lost (Lost
+// closes), every queued call on it queues again under the next lease (its
+// place is gone with its key), the old lease is revoked in the background
+// (retried for up to twice the TTL: its keys go as soon as the server is
+// reachable, else when it expires), and the keeper grants a new lease for
+// later calls: the Locker does not die with its session.
 
-// leaseKeeper keeps a Locker's lease: it grants it, renews it, and
-// replaces it when it is lost (loop), and gives calls the current one
-// (current). New sets the fields that come from the Locker; they do not
-// change after.
+// leaseKeeper keeps a Locker's lease: it grants it, hands the current one
+// to calls (current), and replaces it when it ends (loop). New sets the
+// fields that come from the Locker; they do not change after.
 type leaseKeeper struct {
-	mu      *sync.Mutex // the Locker's mu: guards cur and ch, and each lease's dead and abandoned
-	client  *clientv3.Client
-	ttl     time.Duration   // asked of the server: the option rounded up to whole seconds
-	closing context.Context // the Locker's: ends when Close begins
-	bg      context.Context // the Locker's background context: ends the loop
-	wg      *sync.WaitGroup // the Locker's background goroutines
-	logger  *slog.Logger
-	name    string // the Locker's name, for the log
+	mu     *sync.Mutex // the Core's mutex: guards cur, s and ch
+	k      *backend.Core
+	client *clientv3.Client
+	ttl    time.Duration // asked of the server: the option rounded up to whole seconds
 
-	// lost is called, with mu held, when the loop abandons ls: the
-	// Locker loses the calls written with it (Locker.loseLease).
-	lost func(ls *lease)
-
-	cur *lease        // guarded by mu: the current lease; nil while a new one is granted
-	ch  chan struct{} // guarded by mu: closed once cur is set
+	cur     *lease           // guarded by mu: the current lease; nil while a new one is granted
+	s       *backend.Session // guarded by mu: cur's session
+	ch      chan struct{}    // guarded by mu: closed once cur is set
+	replace chan struct{}    // cap 1: the current lease ended; grant another
+	ended   []*lease         // guarded by mu: leases to revoke
 }
 
-// lease is one etcd lease of a Locker.
+// lease is one etcd lease of a Locker: a session's data.
 type lease struct {
 	id   clientv3.LeaseID
 	ttl  time.Duration // as granted by the server
 	sent time.Time     // when the Grant was sent: the first deadline's start
-	kill chan struct{} // closed by leaseKeeper.failed: abandon the lease now
-	dead bool          // guarded by Locker.mu: kill is closed
-
-	// abandoned is guarded by Locker.mu: the Locker gave the lease up (a
-	// write found it gone, or its deadline passed, or the server said it
-	// expired) and lost its grants; an Unlock that runs meanwhile and
-	// cannot delete its key reports ErrLost.
-	abandoned bool
 }
 
-// renewBound is how long one renewal attempt (or one Grant attempt, at
-// first) may take before it is given up and retried, for a lease of
-// TTL ttl: a sixth of it, and at least 250 ms.
-func renewBound(ttl time.Duration) time.Duration {
-	return max(ttl/6, 250*time.Millisecond)
-}
-
-// grant asks the server for a new lease.
-func (k *leaseKeeper) grant(ctx context.Context) (*lease, error) {
+// grant asks the server for a new lease and records it as the current
+// session.
+func (lk *leaseKeeper) grant(ctx context.Context) error {
 	sent := time.Now()
-	resp, err := k.client.Grant(ctx, int64(k.ttl/time.Second))
+	resp, err := lk.client.Grant(ctx, int64(lk.ttl/time.Second))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &lease{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, sent: sent, kill: make(chan struct{})}, nil
+	ls := &lease{id: resp.ID, ttl: time.Duration(resp.TTL) * time.Second, sent: sent}
+	s := lk.k.StartSession(strconv.FormatUint(uint64(ls.id), 16), sent, ls.ttl)
+	lk.mu.Lock()
+	s.SetData(ls)
+	lk.cur, lk.s = ls, s
+	close(lk.ch)
+	lk.mu.Unlock()
+	return nil
 }
 
-// current returns the lease a call should write with, waiting for a new
-// one while the last is being replaced. It fails with the context's error
-// or ErrClosed.
-func (k *leaseKeeper) current(ctx context.Context) (*lease, error) {
+// current returns the lease a call should write with, and its session,
+// waiting for a new one while the last is being replaced. It fails with
+// the context's error or ErrClosed.
+func (lk *leaseKeeper) current(ctx context.Context) (*backend.Session, *lease, error) {
+	closing := lk.k.Closing()
 	for {
-		k.mu.Lock()
-		if k.closing.Err() != nil {
-			k.mu.Unlock()
-			return nil, errClosed
+		lk.mu.Lock()
+		if closing.Err() != nil {
+			lk.mu.Unlock()
+			return nil, nil, errClosed
 		}
-		ls, ch := k.cur, k.ch
-		k.mu.Unlock()
+		ls, s, ch := lk.cur, lk.s, lk.ch
+		lk.mu.Unlock()
 		if ls != nil {
-			return ls, nil
+			return s, ls, nil
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, ctxerr.Of(ctx)
-		case <-k.closing.Done():
-			return nil, errClosed
+			return nil, nil, ctxerr.Of(ctx)
+		case <-closing.Done():
+			return nil, nil, errClosed
 		}
 	}
 }
 
-// failed makes the lease loop abandon ls now: a write with it found it
-// gone. Calls wait for the next lease from here on.
-func (k *leaseKeeper) failed(ls *lease) {
-	k.mu.Lock()
-	if !ls.dead {
-		ls.dead = true
-		close(ls.kill)
-	}
-	ls.abandoned = true
-	if k.cur == ls {
-		k.cur = nil
-		k.ch = make(chan struct{})
-	}
-	k.mu.Unlock()
+// failed ends s: a write with its lease found it gone.
+func (lk *leaseKeeper) failed(s *backend.Session) {
+	lk.mu.Lock()
+	lk.k.EndSessionLocked(s)
+	lk.mu.Unlock()
 }
 
-// loop renews the Locker's lease and replaces it when it is lost, until
-// k.bg ends. It runs in its own goroutine.
-func (k *leaseKeeper) loop() {
-	defer k.wg.Done()
-	k.mu.Lock()
-	ls := k.cur
-	k.mu.Unlock()
+// endedLocked is the engine's SessionEndedLocked: the lease of s is given
+// up; if it is the current one, calls wait for the next, which loop
+// grants, and it is revoked in the background. mu is held.
+func (lk *leaseKeeper) endedLocked(s *backend.Session) {
+	ls, _ := s.Data().(*lease)
+	if ls == nil {
+		return
+	}
+	lk.ended = append(lk.ended, ls)
+	if lk.cur == ls {
+		lk.cur, lk.s = nil, nil
+		lk.ch = make(chan struct{})
+	}
+	select {
+	case lk.replace <- struct{}{}:
+	default:
+	}
+}
+
+// loop revokes the leases that ended and grants a new one when the
+// current one ended, until the background context ends. It runs in its
+// own goroutine.
+func (lk *leaseKeeper) loop() {
+	bg := lk.k.Background()
 	for {
-		why := k.keepAlive(ls)
-		if k.bg.Err() != nil {
+		select {
+		case <-lk.replace:
+		case <-bg.Done():
 			return
 		}
-		k.logger.Warn("etcdlock: lease lost; its grants are lost, its queued calls queue again under a new lease",
-			"locker", k.name, "lease", int64(ls.id), "reason", why)
-		k.mu.Lock()
-		ls.abandoned = true
-		if k.cur == ls {
-			k.cur = nil
-			k.ch = make(chan struct{})
+		lk.mu.Lock()
+		old := lk.ended
+		lk.ended = nil
+		need := lk.cur == nil
+		lk.mu.Unlock()
+		for _, ls := range old {
+			lk.k.Go(func() { lk.revokeEnded(ls) })
 		}
-		k.lost(ls)
-		k.mu.Unlock()
-		old := ls
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.revokeAbandoned(old)
-		}()
-		retry := newBackoff()
-		// Each Grant attempt is bounded, from twice renewBound doubling
-		// to cleanupTimeout: one that went to a member that no longer
-		// answers is retried, on the client's next connection, soon; a
-		// slow quorum gets longer each time.
-		bound := 2 * renewBound(k.ttl)
-		for {
-			ctx, cancel := context.WithTimeout(k.bg, bound)
-			next, err := k.grant(ctx)
-			cancel()
-			if err == nil {
-				ls = next
-				break
-			}
-			if k.bg.Err() != nil {
-				return
-			}
-			k.logger.Warn("etcdlock: lease grant failed; retrying", "locker", k.name, "error", err)
-			bound = min(2*bound, cleanupTimeout)
-			if !retry.wait(k.bg) {
-				return
-			}
-		}
-		k.mu.Lock()
-		k.cur = ls
-		close(k.ch)
-		k.mu.Unlock()
-	}
-}
-
-// keepAlive renews ls until it is lost, and says why; or until k.bg ends.
-// It wakes for the next renewal or for the deadline, whichever is first,
-// so that the lease is given up at its deadline, not a retry later. Each
-// attempt is bounded by renewBound and by the deadline.
-func (k *leaseKeeper) keepAlive(ls *lease) string {
-	deadline := ls.sent.Add(ls.ttl - ls.ttl/10)
-	next := ls.sent.Add(ls.ttl / 3)
-	bound := renewBound(ls.ttl)
-	hedge := 1 // renewals sent at once: two after one hung
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		t.Reset(min(time.Until(next), time.Until(deadline)))
-		select {
-		case <-t.C:
-		case <-ls.kill:
-			return "a write found it gone"
-		case <-k.bg.Done():
-			return ""
-		}
-		now := time.Now()
-		if !now.Before(deadline) {
-			return "not renewed for its TTL"
-		}
-		if now.Before(next) {
+		if !need {
 			continue
 		}
-		end := now.Add(bound)
-		if deadline.Before(end) {
-			end = deadline
-		}
-		ctx, cancel := context.WithDeadline(k.bg, end)
-		resp, err := k.renew(ctx, ls.id, hedge)
-		cancel()
-		switch {
-		case err == nil && resp.TTL > 0:
-			ttl := time.Duration(resp.TTL) * time.Second
-			deadline = now.Add(ttl - ttl/10)
-			next = now.Add(ttl / 3)
-			hedge = 1
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
-			return "expired or revoked"
-		case time.Since(now) >= bound:
-			// The attempt hung (a member that does not answer): retry
-			// at once, with two renewals that go out on two of the
-			// client's connections.
-			next = time.Now()
-			hedge = 2
-		default:
-			next = time.Now().Add(ls.ttl / 10)
+		retry := backend.NewBackoff()
+		// Each Grant attempt is bounded, from twice renewBound doubling
+		// to CleanupTimeout: one that went to a member that no longer
+		// answers is retried, on the client's next connection, soon; a
+		// slow quorum gets longer each time.
+		bound := 2 * renewBound(lk.ttl)
+		for {
+			ctx, cancel := context.WithTimeout(bg, bound)
+			err := lk.grant(ctx)
+			cancel()
+			if err == nil {
+				break
+			}
+			if bg.Err() != nil {
+				return
+			}
+			lk.k.Logger().Warn("etcdlock: lease grant failed; retrying", "locker", lk.k.Name(), "error", err)
+			bound = min(2*bound, backend.CleanupTimeout)
+			if !retry.Wait(bg) {
+				return
+			}
 		}
 	}
 }
 
-// renew sends n renewals of id at once (each on the connection the
-// client's balancer picks next) and returns the first answer that
+// Renew sends the renewal of each session's lease: one KeepAliveOnce, or,
+// in a round after one that ran out of its bound, two at once (each on
+// the connection the client's balancer picks next); the first answer
+// that settles it wins.
+func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) []backend.Renewal {
+	out := make([]backend.Renewal, 0, len(ss))
+	for _, s := range ss {
+		e.k.Mu().Lock()
+		ls, _ := s.Data().(*lease)
+		e.k.Mu().Unlock()
+		if ls == nil {
+			continue
+		}
+		n := 1
+		if attempt > 0 {
+			n = 2
+		}
+		sent := time.Now()
+		resp, err := e.leases.renew(ctx, ls.id, n)
+		r := backend.Renewal{Session: s, Sent: sent}
+		switch {
+		case err == nil && resp.TTL > 0:
+			r.TTL = time.Duration(resp.TTL) * time.Second
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			r.Expired = true
+		default:
+			r.Err = err
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// SessionEndedLocked gives up the lease of s (leaseKeeper.endedLocked).
+func (e *engine) SessionEndedLocked(s *backend.Session) { e.leases.endedLocked(s) }
+
+// renew sends n renewals of id at once and returns the first answer that
 // settles it: a renewal, or the server's word that the lease is gone;
 // else, once all have failed, the last error. It cancels and waits for
 // the others.
-func (k *leaseKeeper) renew(ctx context.Context, id clientv3.LeaseID, n int) (*clientv3.LeaseKeepAliveResponse, error) {
+func (lk *leaseKeeper) renew(ctx context.Context, id clientv3.LeaseID, n int) (*clientv3.LeaseKeepAliveResponse, error) {
 	if n <= 1 {
-		return k.client.KeepAliveOnce(ctx, id)
+		return lk.client.KeepAliveOnce(ctx, id)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -267,7 +230,7 @@ func (k *leaseKeeper) renew(ctx context.Context, id clientv3.LeaseID, n int) (*c
 	got := make(chan result, n)
 	for range n {
 		go func() {
-			resp, err := k.client.KeepAliveOnce(ctx, id)
+			resp, err := lk.client.KeepAliveOnce(ctx, id)
 			got <- result{resp, err}
 		}()
 	}
@@ -289,38 +252,31 @@ func (k *leaseKeeper) renew(ctx context.Context, id clientv3.LeaseID, n int) (*c
 	return nil, last
 }
 
-// revokeAbandoned revokes a lease the Locker gave up, so that the keys
-// still attached to it (grants lost to a renewal deadline while etcd was
+// revokeEnded revokes a lease the Locker gave up, so that the keys still
+// attached to it (grants lost to a renewal deadline while etcd was
 // unreachable, say) do not keep others waiting until it expires. It
 // retries until the revoke succeeds, for at most twice the TTL (by then
 // the lease has expired on the server, unless a new leader extended it),
 // or until the Locker closes.
-func (k *leaseKeeper) revokeAbandoned(ls *lease) {
+func (lk *leaseKeeper) revokeEnded(ls *lease) {
+	bg := lk.k.Background()
 	giveUp := time.Now().Add(2 * ls.ttl)
-	retry := newBackoff()
+	retry := backend.NewBackoff()
 	for {
 		// On the background context: Close ends a try in progress (it
 		// waits for this goroutine), and its own revoke takes over.
-		ctx, cancel := context.WithTimeout(k.bg, cleanupTimeout)
-		err := k.revokeWith(ctx, ls)
+		ctx, cancel := context.WithTimeout(bg, backend.CleanupTimeout)
+		err := lk.revokeWith(ctx, ls)
 		cancel()
-		if err == nil || !time.Now().Before(giveUp) || !retry.wait(k.bg) {
+		if err == nil || !time.Now().Before(giveUp) || !retry.Wait(bg) {
 			return
 		}
 	}
 }
 
-// revoke revokes ls on a detached context bounded by cleanupTimeout,
-// deleting every key attached to it.
-func (k *leaseKeeper) revoke(ls *lease) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.client.Ctx()), cleanupTimeout)
-	defer cancel()
-	return k.revokeWith(ctx, ls)
-}
-
 // revokeWith revokes ls on ctx; a lease already gone is not an error.
-func (k *leaseKeeper) revokeWith(ctx context.Context, ls *lease) error {
-	_, err := k.client.Revoke(ctx, ls.id)
+func (lk *leaseKeeper) revokeWith(ctx context.Context, ls *lease) error {
+	_, err := lk.client.Revoke(ctx, ls.id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil
 	}

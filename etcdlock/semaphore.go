@@ -4,9 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/keylock"
-	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -81,7 +80,7 @@ func NewSemaphore(client *clientv3.Client, prefix string, n int64, opts ...Optio
 //     through this Semaphore;
 //   - the context's error, fairlock.ErrClosed or etcd's error, as Lock.
 func (s *Semaphore) Acquire(ctx context.Context, key string, w int64) (keylock.Lease, error) {
-	return s.acquire(ctx, "Acquire", kindLock, key, w)
+	return asLease(s.locker("Acquire").k.Acquire(ctx, "Acquire", key, backend.Units, w, false))
 }
 
 // TryAcquire takes w units of key if the units of every call on it, held
@@ -91,20 +90,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, w int64) (keylock.L
 // other holders, two (see Locker.TryRLock). It fails like Acquire
 // otherwise.
 func (s *Semaphore) TryAcquire(ctx context.Context, key string, w int64) (keylock.Lease, error) {
-	return s.acquire(ctx, "TryAcquire", kindTry, key, w)
-}
-
-func (s *Semaphore) acquire(ctx context.Context, op string, k kind, key string, w int64) (keylock.Lease, error) {
-	if ctx == nil {
-		panic("etcdlock: " + op + " with a nil context")
-	}
-	l := s.locker(op)
-	if w < 1 || w > l.size {
-		err := lockError(op, key, owner.Of(ctx), fmt.Errorf("%w: asked for %d of %d units per key", fairlock.ErrInvalidWeight, w, l.size))
-		l.report(err, 0)
-		return nil, err
-	}
-	return asLease(l.acquire(ctx, op, k, claim{w: w, size: l.size}, key))
+	return asLease(s.locker("TryAcquire").k.Acquire(ctx, "TryAcquire", key, backend.Units, w, true))
 }
 
 // Close closes the Semaphore as Locker.Close closes a Locker: later

@@ -23,15 +23,16 @@ func init() {
 // polls until the hub reports the watch down.
 func pauseWatch(l *Locker) (resume func()) {
 	gate := make(chan struct{})
-	l.mu.Lock()
-	l.hub.watchGate = gate
-	cancel := l.hub.watchCancel
-	l.mu.Unlock()
+	h := &l.e.hub
+	h.mu.Lock()
+	h.watchGate = gate
+	cancel := h.watchCancel
+	h.mu.Unlock()
 	cancel()
 	for {
-		l.mu.Lock()
-		live := l.hub.live
-		l.mu.Unlock()
+		h.mu.Lock()
+		live := h.live
+		h.mu.Unlock()
 		if !live {
 			return func() { close(gate) }
 		}

@@ -150,9 +150,8 @@ func watchLoss(ctx context.Context, lost <-chan struct{}, key string) (context.C
 // cleanupTimeout. An in-process Lease needs no context: it is unlocked
 // directly.
 func unlockDetached(ctx context.Context, l Lease) error {
-	if g, ok := l.(guardLease); ok {
-		g.g.Unlock()
-		return nil
+	if g, ok := l.(*guardLease); ok {
+		return g.Unlock(ctx)
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()

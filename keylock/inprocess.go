@@ -2,8 +2,11 @@ package keylock
 
 import (
 	"context"
+	"sync/atomic"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/owner"
 )
 
 // InProcess returns l as an RWLocker: a view of l itself, not a copy or a
@@ -87,23 +90,48 @@ func leaseOf(g fairlock.Guard[string], err error) (Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return guardLease{g}, nil
+	return &guardLease{g: g}, nil
 }
 
-// guardLease is a Guard as a Lease. A value: copies are the same grant,
-// and Guard.Unlock makes each Unlock after the first a no-op.
-type guardLease struct{ g fairlock.Guard[string] }
+// guardLease is a Guard as a Lease: the one object a grant through a view
+// allocates. Copies of the interface value share it, and Guard.Unlock
+// makes each Unlock after the first a no-op.
+type guardLease struct {
+	g     fairlock.Guard[string]
+	ended atomic.Int64 // when the first Unlock began, in ns on this process's monotonic clock (since start); 0 while held
+}
+
+// start anchors the monotonic instants guardLease stores as ints.
+var start = time.Now()
 
 // Unlock releases the grant (Guard.Unlock) and returns nil; ctx is not
 // used: the release never waits beyond a shard mutex.
-func (l guardLease) Unlock(context.Context) error {
+func (l *guardLease) Unlock(context.Context) error {
+	l.ended.CompareAndSwap(0, max(int64(time.Since(start)), 1))
 	l.g.Unlock()
 	return nil
 }
 
-func (l guardLease) Key() string { return l.g.Key() }
+func (l *guardLease) Key() string { return l.g.Key() }
 
-func (l guardLease) Token() uint64 { return l.g.Token() }
+func (l *guardLease) Token() uint64 { return l.g.Token() }
 
 // Lost returns nil: an in-process grant lasts until it is unlocked.
-func (guardLease) Lost() <-chan struct{} { return nil }
+func (*guardLease) Lost() <-chan struct{} { return nil }
+
+// Deadline returns the zero Time while the grant is held (it cannot be
+// lost), and the instant its first Unlock began after.
+func (l *guardLease) Deadline() time.Time {
+	if e := l.ended.Load(); e != 0 {
+		return start.Add(time.Duration(e))
+	}
+	return time.Time{}
+}
+
+// HandOff is Guard.HandOff; it refuses once the Lease was unlocked.
+func (l *guardLease) HandOff(to owner.ID) bool {
+	if l.ended.Load() != 0 {
+		return false
+	}
+	return l.g.HandOff(to)
+}

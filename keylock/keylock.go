@@ -21,7 +21,12 @@
 // interfaces.
 package keylock
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/fairlock/fairlock/owner"
+)
 
 // Lease is one grant of a key: held from the call that returned it until
 // Unlock, or until the backend loses it.
@@ -41,6 +46,25 @@ type Lease interface {
 	// it is held. It is nil for a backend that cannot lose a grant (a nil
 	// channel never becomes ready).
 	Lost() <-chan struct{}
+	// Deadline returns the instant, on this process's monotonic clock,
+	// before which nobody else can be granted the key even if this
+	// process stops right now: for a distributed backend, the send time
+	// of the last renewal its engine confirmed plus the TTL the engine
+	// granted, less a margin for clock-rate drift that the backend's doc
+	// names. While the grant is held it only moves forward, and the
+	// backend closes Lost when it passes. It is the zero Time while an
+	// in-process grant is held (such a grant cannot be lost). After
+	// Unlock, or once the grant was lost, it is an instant in the past,
+	// no later than the Unlock call or the loss. Valid reads it.
+	Deadline() time.Time
+	// HandOff makes the grant to's from now on, as fairlock's
+	// Guard.HandOff: the old owner's next call on the key through the
+	// same Locker waits for this grant's release instead of failing with
+	// fairlock.ErrReentrant, and reentrancy checks and debug output see
+	// to. It returns false, changing nothing, for a grant released or
+	// lost, for owner 0, and for an owner with a call queued on the key
+	// (it would wait for itself).
+	HandOff(to owner.ID) bool
 }
 
 // Locker is an exclusive keyed lock.
@@ -98,4 +122,28 @@ type Semaphore interface {
 	TryAcquire(ctx context.Context, key string, w int64) (Lease, error)
 	// Close is Locker.Close.
 	Close(ctx context.Context) error
+}
+
+// Valid reports whether l's grant is held and certain right now: its Lost
+// channel is not closed, and its Deadline is zero or still ahead on this
+// process's clock (after Unlock or a loss, Deadline is in the past, so
+// Valid is false). It reads the clock, so it is right whenever the
+// caller's goroutine runs after the process was paused (a GC pause,
+// SIGSTOP, a VM suspended) past its deadline, even if no goroutine of the
+// backend has run since to close Lost: call it right before an action
+// that must not run unprotected, and fence the action itself where the
+// store can (Token). This is the synchronous check redsync offers as
+// Until and bsm/redislock as TTL. A nil Lease is not valid. It allocates
+// nothing.
+func Valid(l Lease) bool {
+	if l == nil {
+		return false
+	}
+	select {
+	case <-l.Lost():
+		return false
+	default:
+	}
+	d := l.Deadline()
+	return d.IsZero() || time.Now().Before(d)
 }

@@ -45,6 +45,8 @@ func (l *fakeLease) Unlock(ctx context.Context) error {
 func (l *fakeLease) Key() string           { return l.key }
 func (l *fakeLease) Token() uint64         { return 1 }
 func (l *fakeLease) Lost() <-chan struct{} { return l.lost }
+func (l *fakeLease) Deadline() time.Time   { return time.Time{} }
+func (l *fakeLease) HandOff(owner.ID) bool { return false }
 
 func (l *fakeLease) wasUnlocked() (bool, context.Context, error) {
 	l.mu.Lock()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/keylock/keylocktest"
+	"github.com/fairlock/fairlock/owner"
 )
 
 // wrappedHarness is the in-process harness with shared holds and the
@@ -87,6 +89,8 @@ func (*nilLease) Unlock(context.Context) error { return nil }
 func (*nilLease) Key() string                  { return "" }
 func (*nilLease) Token() uint64                { return 0 }
 func (*nilLease) Lost() <-chan struct{}        { return nil }
+func (*nilLease) Deadline() time.Time          { return time.Time{} }
+func (*nilLease) HandOff(owner.ID) bool        { return false }
 
 func typed(l keylock.Lease, err error) (keylock.Lease, error) {
 	if err != nil {

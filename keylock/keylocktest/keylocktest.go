@@ -35,8 +35,17 @@
 //     TryLock, get strictly increasing tokens; Key names the key.
 //   - Wait: on a free key it returns at once; queued, it returns nil only
 //     once the grants held or queued before it are released, and a Lock
-//     queued behind it is granted only once its turn has gone;
+//     queued behind it is granted only once its turn has come;
 //     cancelled, it leaves the queue.
+//   - WaitsTogether: one release frees every Wait queued behind the
+//     holder, through any Locker, and the Lock queued behind them.
+//   - Deadline: a held grant's Deadline is zero or ahead, never moving
+//     back, and keylock.Valid is true; after Unlock, Deadline is a
+//     non-zero instant no later than Unlock's return and Valid is false.
+//   - HandOff: HandOff moves a grant to another flow of the same Locker
+//     (the old owner's Lock waits, the new owner's calls get
+//     fairlock.ErrReentrant); owner 0, an owner queued on the key and a
+//     released grant are refused.
 //   - Do: fn runs holding the key with a live context, Do returns fn's
 //     error as it is, the key is free afterwards (a TryLock through
 //     another Locker is granted), a panic in fn unlocks and goes on, and
@@ -57,7 +66,8 @@
 //     typed nil inside one): checked wherever a call fails.
 //
 // With Harness.Lose set, Lost checks that a Lease's Lost channel closes
-// when the grant is lost, that Unlock then returns an error wrapping
+// when the grant is lost, that keylock.Valid is then false and Deadline a
+// non-zero instant in the past, that Unlock then returns an error wrapping
 // fairlock.ErrLost (and a second Unlock nil, releasing nothing), that the
 // key passes to the next call with a larger token, and that Do (on
 // another Locker: the one that lost a grant is not used again) cancels
@@ -201,6 +211,9 @@ func Run(t *testing.T, h Harness) {
 		{"Unlock", unlock},
 		{"Tokens", tokens},
 		{"Wait", wait},
+		{"WaitsTogether", waitsTogether},
+		{"Deadline", deadline},
+		{"HandOff", handOff},
 		{"Do", do},
 		{"LockMany", lockMany},
 		{"Close", closeChecks},
@@ -825,13 +838,14 @@ func wait(e *env) {
 	e.awaitQueue(k, 1, 2, w, c)
 	e.unlock("Locker 0's grant", a)
 	lc := e.granted(c, k)
-	// The Lock behind the Wait is granted only once the Wait's turn has
-	// come and gone: the Wait is no longer queued.
-	e.countNow(k, 1, 0, "once the Lock behind a Wait is granted")
+	// The Lock behind the Wait is granted the instant the Wait's turn
+	// comes: the Wait returns, and its entry goes (a backend may grant
+	// the Lock before the Wait's own record is removed).
 	e.await(w)
 	if w.err != nil {
 		e.t.Fatalf("Wait: %v, want nil once the holder released", w.err)
 	}
+	e.awaitQueue(k, 1, 0)
 
 	// Wait behind a queued Lock returns only once that Lock has been
 	// granted and released.
@@ -1078,6 +1092,12 @@ func lost(e *env) {
 	case <-lostCh:
 	case <-time.After(limit):
 		e.t.Fatalf("Lost not closed within %v of Lose", limit)
+	}
+	if keylock.Valid(a) {
+		e.t.Error("Valid is true for a grant whose Lost is closed")
+	}
+	if d := a.Deadline(); d.IsZero() || d.After(time.Now()) {
+		e.t.Errorf("Deadline of a lost grant is %v; want a non-zero instant in the past", d)
 	}
 	lb := e.granted(b, k)
 	e.later("the grant after a lost one", lb.Token(), a.Token())

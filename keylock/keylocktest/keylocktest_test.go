@@ -159,6 +159,8 @@ func TestRunFailsOnBrokenLockers(t *testing.T) {
 		{"lifo", []string{"FIFO", "Wait"}},
 		{"independent", []string{"Exclusion", "FIFO", "TryLockNeverOvertakes", "Cancellation", "Unlock", "Tokens", "Wait", "Do", "LockMany"}},
 		{"forgetloss", []string{"Lost"}},
+		{"zerodeadline", []string{"Deadline", "Lost"}},
+		{"fakehandoff", []string{"HandOff"}},
 		{"typednil", []string{"Exclusion", "TryLockNeverOvertakes", "Reentrant", "Cancellation", "Unlock", "Wait", "Do", "Close", "Shared"}},
 		{"tryrlockexclusive", []string{"Shared"}},
 		{"anyweight", []string{"Semaphore"}},
@@ -213,7 +215,7 @@ func TestBrokenChild(t *testing.T) {
 	switch broken := os.Getenv(brokenEnv); broken {
 	case "":
 		t.Skip("run by TestRunFailsOnBrokenLockers")
-	case "fifo", "barge", "lifo", "forgetloss":
+	case "fifo", "barge", "lifo", "forgetloss", "zerodeadline", "fakehandoff":
 		h = toyHarness(policy(broken))
 	case "inprocess":
 		h = wrappedHarness(unwrappedLocker, unwrappedSemaphore)

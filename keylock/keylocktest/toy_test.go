@@ -20,7 +20,9 @@ import (
 // frees the key on Unlock and lets the woken head waiter race for it,
 // while Lock and TryLock take a free key whoever is queued (sync.Mutex's
 // normal mode); forgetLoss is fifo whose Unlock of a lost grant returns
-// nil instead of ErrLost.
+// nil instead of ErrLost; zeroDeadline is fifo whose Deadline stays zero
+// after Unlock or a loss; fakeHandOff is fifo whose HandOff says yes and
+// moves nothing.
 type toy struct {
 	policy policy
 
@@ -36,7 +38,9 @@ const (
 	lifo  policy = "lifo"
 	barge policy = "barge"
 
-	forgetLoss policy = "forgetloss"
+	forgetLoss   policy = "forgetloss"
+	zeroDeadline policy = "zerodeadline"
+	fakeHandOff  policy = "fakehandoff"
 )
 
 // toyKey is a key's state: its holder and its queue, oldest first.
@@ -71,8 +75,9 @@ type toyLease struct {
 	owner    owner.ID
 	token    uint64
 	lost     chan struct{}
-	released bool // Unlock ran
-	gone     bool // released or lost: the key is no longer its
+	released bool      // Unlock ran
+	gone     bool      // released or lost: the key is no longer its
+	ended    time.Time // when it was released or lost
 	isLost   bool
 }
 
@@ -274,6 +279,9 @@ func (g *toyLease) Unlock(context.Context) error {
 		return nil
 	}
 	g.released = true
+	if g.ended.IsZero() {
+		g.ended = time.Now()
+	}
 	if g.isLost {
 		if b.policy == forgetLoss {
 			return nil
@@ -287,6 +295,9 @@ func (g *toyLease) Unlock(context.Context) error {
 // leaveLocked gives the key up; b.mu is held.
 func (g *toyLease) leaveLocked() {
 	g.gone = true
+	if g.ended.IsZero() {
+		g.ended = time.Now()
+	}
 	g.l.held--
 	b := g.l.b
 	b.keys[g.key].holder = nil
@@ -309,3 +320,35 @@ func (g *toyLease) lose() {
 func (g *toyLease) Key() string           { return g.key }
 func (g *toyLease) Token() uint64         { return g.token }
 func (g *toyLease) Lost() <-chan struct{} { return g.lost }
+
+// Deadline is zero while the grant is held (the toy loses grants only
+// when told to), and the instant it ended after.
+func (g *toyLease) Deadline() time.Time {
+	b := g.l.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.policy == zeroDeadline {
+		return time.Time{}
+	}
+	return g.ended
+}
+
+// HandOff gives the grant to to, unless it ended, to is 0, or to is
+// queued on the key.
+func (g *toyLease) HandOff(to owner.ID) bool {
+	b := g.l.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g.gone || to == 0 {
+		return false
+	}
+	for _, w := range b.keys[g.key].queue {
+		if w.owner == to {
+			return false
+		}
+	}
+	if b.policy != fakeHandOff {
+		g.owner = to
+	}
+	return true
+}

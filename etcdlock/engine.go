@@ -1,0 +1,357 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/fairlock"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The engine: etcd's protocol under the kit (package backend). A call's
+// entry is its own etcd key under the prefix (keys.go), attached to the
+// Locker's lease (lease.go: the session), and its place in the queue is
+// the key's creation revision; a waiter is granted when the watch of the
+// prefix (hub.go) has delivered the deletion of every key ahead of it
+// that keeps it waiting. This file holds the engine's state and the round
+// trips on one call's key: the enqueueing transaction, the re-read of a
+// call's queue, the deletion.
+
+// engine is a Locker's etcd protocol.
+type engine struct {
+	k      *backend.Core
+	client *clientv3.Client
+	prefix string // as given to New
+	root   string // rootOf(prefix): every etcd key of the Locker starts with it
+	size   int64  // a Semaphore's units per key; 0 for a Locker
+	value  string // "host:pid ": the start of every key's value
+	seq    atomic.Uint64
+	leases leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
+	hub    hub         // the watch and its dispatch (hub.go)
+}
+
+// tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
+// before it fails with ErrWouldBlock: each round that finds room is
+// refused only if another call joined the key meanwhile.
+const tryRounds = 8
+
+// Enqueue writes c's key under the current lease in one transaction that
+// also reads the keys ahead of it (the nearest aheadLimit for an
+// exclusive call, every one for shared calls and units), and leaves them
+// in c's waiter state for WatchLocked. A TryLock writes only if the
+// key's range is empty; a shared Try form writes only if no call joined
+// the range since it judged it (up to tryRounds ranges); a Wait writes
+// only if the range is not empty. A write that finds the lease gone ends
+// its session and tries again under the next lease.
+func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued, error) {
+	want := e.claimOf(c)
+	r := rangeOf(e.root, c.Key())
+	free := clientv3.Compare(clientv3.CreateRevision(r), "=", 0).WithPrefix()
+	listOpts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
+	if n := limitOf(want); n > 0 {
+		listOpts = append(listOpts, clientv3.WithLimit(n+1)) // and the call's own key
+	}
+	list := clientv3.OpGet(r, listOpts...)
+	exclusive := want == claim{} || want.turn
+	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
+	rounds := 0    // and how many ranges it has judged
+	for {
+		s, ls, err := e.leases.current(ctx)
+		if err != nil {
+			return backend.Enqueued{}, backend.Unwritten(err)
+		}
+		name := newName(e.root, c.Key(), ls.id, e.seq.Add(1), want)
+		c.Name(name)
+		put := clientv3.OpPut(name, e.value+c.Owner().String(), clientv3.WithLease(ls.id))
+		txn := e.client.Txn(ctx)
+		wrote := true
+		switch {
+		case c.Try() && exclusive:
+			txn = txn.If(free).Then(put)
+		case c.Try():
+			// Written only if no call joined the range after the
+			// revision it was judged at (seen; 0: only if it is empty);
+			// else the range comes back to be judged again.
+			unchanged := clientv3.Compare(clientv3.CreateRevision(r), "<", seen+1).WithPrefix()
+			txn = txn.If(unchanged).Then(put).Else(list)
+		case want.turn:
+			txn = txn.If(free).Else(put, list)
+		default:
+			txn = txn.Then(put, list)
+		}
+		resp, err := txn.Commit()
+		if err != nil {
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				e.leases.failed(s)
+				continue
+			}
+			if refused(err) {
+				return backend.Enqueued{}, backend.Unwritten(err)
+			}
+			return backend.Enqueued{}, err
+		}
+		switch {
+		case want.turn:
+			wrote = !resp.Succeeded
+		case c.Try():
+			wrote = resp.Succeeded
+		}
+		if !wrote && want.turn {
+			return backend.Enqueued{Free: true}, nil
+		}
+		if !wrote && exclusive {
+			return backend.Enqueued{}, fairlock.ErrWouldBlock
+		}
+		if !wrote {
+			// Judge the range: room now for c beside every call on it?
+			// (Newest first: oldest ends as the oldest Semaphore call's
+			// size.)
+			var weight total
+			var oldest int64
+			for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+				a := claimOf(string(kv.Key))
+				if a.turn {
+					weight.add(1) // a Wait in the queue: a Try form never goes beside it
+				} else {
+					weight.add(want.weigh(string(kv.Key)))
+				}
+				if a.size > 0 {
+					oldest = a.size
+				}
+			}
+			if other := want.otherSize(oldest); other != 0 {
+				return backend.Enqueued{}, backend.SizeError(want.size, other)
+			}
+			// A key that calls keep joining between the two
+			// transactions is busy: after tryRounds judged ranges the
+			// call fails as blocked rather than spin until ctx ends.
+			if rounds++; !weight.atMost(want.room()) || rounds > tryRounds {
+				return backend.Enqueued{}, fairlock.ErrWouldBlock
+			}
+			seen = resp.Header.Revision
+			continue
+		}
+		rev := resp.Header.Revision
+		var ahead []string
+		complete := true
+		var oldest int64 // the size of the oldest Semaphore call ahead
+		if !c.Try() {
+			// Newest first: the last Semaphore call seen is the oldest.
+			rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
+			for _, kv := range rr.Kvs {
+				if kv.CreateRevision < rev {
+					ahead = append(ahead, string(kv.Key))
+					if a := claimOf(string(kv.Key)); a.size > 0 {
+						oldest = a.size
+					}
+				}
+			}
+			complete = !rr.More
+		}
+		if other := want.otherSize(oldest); other != 0 {
+			// A Semaphore of another size keeps the key: take the key
+			// back out before failing.
+			if err := e.deleteKey(ctx, name, rev); err != nil {
+				e.k.Cleanup(backend.Entry{Key: c.Key(), ID: name, Token: uint64(rev)}, false)
+			}
+			return backend.Enqueued{}, backend.SizeError(want.size, other)
+		}
+		mu := e.k.Mu()
+		mu.Lock()
+		c.SetData(&waiter{claim: want, ahead: ahead, complete: complete, at: rev})
+		mu.Unlock()
+		return backend.Enqueued{Token: uint64(rev), Session: s}, nil
+	}
+}
+
+// limitOf is how many of the keys ahead a call of claim c reads: the
+// nearest aheadLimit for an exclusive call, which waits for all of them
+// anyway; every one (0, no limit) for a shared call, units, or a Wait,
+// whose turn depends on what every call ahead asks for.
+func limitOf(c claim) int64 {
+	if c == (claim{}) {
+		return aheadLimit
+	}
+	return 0
+}
+
+// WatchLocked subscribes c to the deletions of the keys ahead of it that
+// Enqueue or Refresh read, and grants it at once if none keeps it
+// waiting. It returns the hub's ready channel if the hub cannot judge
+// deletions since that read (its watch is restarting).
+func (e *engine) WatchLocked(c *backend.Call) <-chan struct{} {
+	w := waiterOf(c)
+	ok, news := e.hub.subscribeLocked(c, w)
+	if !ok {
+		return news
+	}
+	e.judgeLocked(c, w)
+	return nil
+}
+
+// judgeLocked grants c if the keys ahead of it that are left leave room
+// for it and it knew them all, or asks for a re-read if they leave room
+// and there were more. The Core's mutex is held.
+func (e *engine) judgeLocked(c *backend.Call, w *waiter) {
+	if !w.ready() {
+		return
+	}
+	if w.complete {
+		e.k.GrantLocked(c)
+	} else {
+		e.k.RefreshLocked(c)
+	}
+}
+
+// Refresh reads c's queue again (whether its key still exists, and the
+// keys ahead of it) and subscribes from there, as WatchLocked.
+func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{}, error) {
+	mu := e.k.Mu()
+	mu.Lock()
+	name, rev, want := c.ID(), int64(c.Token()), waiterOf(c).claim
+	mu.Unlock()
+	// The read ends when ctx ends or the Locker closes, whichever is
+	// first: a Close must not wait for a read that an unreachable etcd
+	// never answers.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(e.k.Closing(), stop)()
+	resp, err := e.client.Txn(ctx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
+		clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(want)))).Commit()
+	switch {
+	case err != nil && e.client.Ctx().Err() != nil:
+		return nil, backend.Final(err)
+	case err != nil:
+		return nil, err
+	case !resp.Succeeded:
+		return nil, backend.ErrGone
+	}
+	rr := resp.Responses[0].GetResponseRange()
+	var ahead []string
+	for _, kv := range rr.Kvs {
+		ahead = append(ahead, string(kv.Key))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	w := waiterOf(c)
+	w.ahead, w.complete, w.at = ahead, !rr.More, resp.Header.Revision
+	ok, news := e.hub.subscribeLocked(c, w)
+	if !ok {
+		return news, nil
+	}
+	e.judgeLocked(c, w)
+	return nil, nil
+}
+
+// UnwatchLocked drops c's subscriptions.
+func (e *engine) UnwatchLocked(c *backend.Call) {
+	if w, ok := c.Data().(*waiter); ok {
+		e.hub.unwatchLocked(c, w)
+	}
+}
+
+// Release deletes c's key in one transaction that compares the key's
+// creation revision with the grant's, so it deletes only this grant's
+// key, never a later grant's, even if retried late (the failure of
+// etcd-io/etcd#22082).
+func (e *engine) Release(ctx context.Context, c *backend.Call) (bool, error) {
+	resp, err := e.client.Txn(ctx).If(isOwner(c.ID(), int64(c.Token()))).Then(clientv3.OpDelete(c.ID())).Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
+}
+
+// Remove deletes an entry's key if its creation revision is the entry's
+// token (any, for token 0), bounded by ctx and by CleanupTimeout.
+func (e *engine) Remove(ctx context.Context, en backend.Entry) error {
+	return e.deleteKey(ctx, en.ID, int64(en.Token))
+}
+
+// deleteKey deletes name if its creation revision is rev (any, for rev
+// 0), bounded by ctx and by CleanupTimeout. A key that is already gone is
+// not an error.
+func (e *engine) deleteKey(ctx context.Context, name string, rev int64) error {
+	dctx, cancel := context.WithTimeout(ctx, backend.CleanupTimeout)
+	defer cancel()
+	cmp := clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(name), ">", 0)
+	}
+	_, err := e.client.Txn(dctx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
+	return err
+}
+
+// Check does nothing: the watch delivers every deletion, a lease's expiry
+// included, and a restarted watch rebuilds from a listing (hub.go).
+func (e *engine) Check(context.Context, []*backend.Call) {}
+
+// Shutdown revokes the current lease, which deletes every key still
+// attached to it, and returns the entries of other leases for the kit's
+// last removals.
+func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.Entry, error) {
+	mu := e.k.Mu()
+	mu.Lock()
+	ls := e.leases.cur
+	e.leases.cur = nil
+	mu.Unlock()
+	if ls == nil {
+		return left, nil
+	}
+	if err := e.leases.revokeWith(ctx, ls); err != nil {
+		return left, err
+	}
+	id := strconv.FormatUint(uint64(ls.id), 16)
+	var rest []backend.Entry
+	for _, en := range left {
+		if leaseOf(en.ID) != id {
+			rest = append(rest, en)
+		}
+	}
+	return rest, nil
+}
+
+// isOwner is the etcd comparison that holds while the key name exists
+// with creation revision rev.
+func isOwner(name string, rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
+}
+
+// refused reports whether err says that a request was not applied: the
+// lease it names is gone, the request is larger than the server takes
+// (or the client sends: gRPC's ResourceExhausted, raised before a byte
+// goes out), or the server turned it away as too many. Nothing then
+// needs deleting; any other error leaves the outcome unknown.
+func refused(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrRequestTooLarge) ||
+		status.Code(err) == codes.ResourceExhausted
+}
+
+// renewBound is how long one Grant attempt may take at first before it
+// is given up and retried: a sixth of the TTL, and at least 250 ms (the
+// kit bounds renewals the same way).
+func renewBound(ttl time.Duration) time.Duration {
+	return max(ttl/6, 250*time.Millisecond)
+}
+
+// claimOf is what c asks for, as its key's name records it (keys.go).
+func (e *engine) claimOf(c *backend.Call) claim {
+	switch c.Mode() {
+	case backend.Shared:
+		return claim{shared: true}
+	case backend.Units:
+		return claim{w: c.Weight(), size: e.size}
+	case backend.Turn:
+		return claim{turn: true}
+	}
+	return claim{}
+}
