@@ -112,4 +112,3 @@ func (l *Locker) Wait(ctx context.Context, key string) error {
 	_, err := l.k.Acquire(ctx, "Wait", key, backend.Turn, 1, false)
 	return err
 }
-

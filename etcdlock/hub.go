@@ -73,14 +73,14 @@ type deletion struct {
 // Locker; they do not change after. The dispatch state below them is
 // guarded by mu.
 type hub struct {
-	mu      *sync.Mutex // the Locker's mu
-	client  *clientv3.Client
-	root    string          // the Locker's rootOf(prefix): the prefix watched
-	ttl     time.Duration   // the Locker's lease TTL, which sets probeBound
-	bg      context.Context // the Locker's background context: ends watchLoop
-	logger  *slog.Logger
-	name    string        // the Locker's name, for the log
-	k       *backend.Core // the Locker's core: its calls, and their grants and losses
+	mu     *sync.Mutex // the Locker's mu
+	client *clientv3.Client
+	root   string          // the Locker's rootOf(prefix): the prefix watched
+	ttl    time.Duration   // the Locker's lease TTL, which sets probeBound
+	bg     context.Context // the Locker's background context: ends watchLoop
+	logger *slog.Logger
+	name   string        // the Locker's name, for the log
+	k      *backend.Core // the Locker's core: its calls, and their grants and losses
 	// judge grants a call whose keys ahead leave room for it, or has it
 	// read its queue again (engine.judgeLocked).
 	judge func(*backend.Call, *waiter)
