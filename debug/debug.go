@@ -15,9 +15,10 @@
 // http.DefaultServeMux. Dump writes the same text to any io.Writer, and
 // Snapshot returns the data as structs.
 //
-// Lockers and Semaphores built with fairlock.WithDebug, and etcdlock
-// Lockers built with etcdlock.WithDebug, register themselves while they
-// are open. The registry lives in package debug/registry, which the
+// Lockers and Semaphores built with fairlock.WithDebug, and those of the
+// backends across processes built with their own WithDebug option
+// (etcdlock.WithDebug, redislock.WithDebug), register themselves while
+// they are open; a backend's show only its own process's calls. The registry lives in package debug/registry, which the
 // lockers import, so a program that uses fairlock without this package
 // links no net/http.
 package debug
@@ -30,7 +31,7 @@ import "github.com/fairlock/fairlock/debug/registry"
 // are integer nanoseconds and times RFC 3339.
 //
 //	Name             string        "name"              WithName's name, or generated
-//	Kind             string        "kind"              "Locker", "Semaphore" or "etcdlock.Locker"
+//	Kind             string        "kind"              "Locker", "Semaphore", "etcdlock.Locker", "etcdlock.Semaphore", "redislock.Locker" or "redislock.Semaphore"
 //	Time             time.Time     "time"              when the read ended
 //	Units            int64         "units"             a Semaphore's units per key; 0 (omitted) for a Locker
 //	Keys             int           "keys"              live keys: held or awaited
@@ -38,7 +39,8 @@ import "github.com/fairlock/fairlock/debug/registry"
 //	LongHeld         time.Duration "long_held_ns"      WithLongHeld's threshold; 0 if unset
 //	DoubleUnlocks    int64         "double_unlocks"    Unlocks of a Guard already unlocked
 //	Reentrant        int64         "reentrant"         calls refused with ErrReentrant
-//	DeadlocksRefused int64         "deadlocks_refused" calls refused with ErrDeadlock
+//	DeadlockDetection bool         "deadlock_detection" the locker refuses waits that would close a cycle (fairlock.WithDeadlockDetection)
+//	DeadlocksRefused int64         "deadlocks_refused" calls refused with ErrDeadlock; 0 without DeadlockDetection
 //	Held             []KeyState    "held"              live keys, longest held first, then by key, up to the limit
 //	Omitted          int           "omitted_keys"      live keys the limit left out of Held
 //

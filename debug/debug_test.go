@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/debug"
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/google/go-cmp/cmp"
@@ -180,8 +181,8 @@ func TestDumpText(t *testing.T) {
 	text := buf.String()
 	block := text[strings.Index(text, `fairlock "dump"`):]
 	lines := strings.Split(block, "\n")
-	if !strings.Contains(lines[0], "(Locker): 2 keys, 2 waiters, long-held after 1ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused") {
-		t.Errorf("header line %q", lines[0])
+	if !strings.HasSuffix(lines[0], "(Locker): 2 keys, 2 waiters, long-held after 1ms; 0 double unlocks, 1 reentrant") {
+		t.Errorf("header line %q: want the counters, and no count of deadlocks refused from a Locker without a detector", lines[0])
 	}
 	if !strings.HasPrefix(strings.TrimSpace(lines[1]), `"hot" exclusive, held`) || !strings.HasSuffix(lines[1], " LONG") {
 		t.Errorf("first key line %q: want the longest-held key first, its mode, LONG", lines[1])
@@ -198,6 +199,52 @@ func TestDumpText(t *testing.T) {
 		t.Errorf("second key line %q", lines[5])
 	}
 }
+
+// TestDumpDeadlockCount checks that the count of deadlocks refused is
+// shown for a locker with a deadlock detector, 0 included, and left out
+// for one without: a fairlock Locker built without
+// WithDeadlockDetection, or a backend's locker that has no detector (a
+// registry.Source that leaves DeadlockDetection false, as redislock's
+// does).
+func TestDumpDeadlockCount(t *testing.T) {
+	detecting := fairlock.New[string](fairlock.WithName("count-detecting"), fairlock.WithDebug(), fairlock.WithDeadlockDetection())
+	defer detecting.Close(context.Background())
+	plain := fairlock.New[string](fairlock.WithName("count-plain"), fairlock.WithDebug())
+	defer plain.Close(context.Background())
+	_, unregister := registry.Register("count-backend", stateSource{registry.LockerState{Kind: "redislock.Locker"}})
+	defer unregister()
+
+	var buf bytes.Buffer
+	if err := debug.Dump(&buf); err != nil {
+		t.Fatal(err)
+	}
+	headers := map[string]string{}
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(line, "fairlock "), " ("); ok && strings.HasPrefix(line, `fairlock "count-`) {
+			headers[name] = line
+		}
+	}
+	for name, want := range map[string]string{
+		`"count-detecting"`: `fairlock "count-detecting" (Locker): 0 keys, 0 waiters; 0 double unlocks, 0 reentrant, 0 deadlocks refused`,
+		`"count-plain"`:     `fairlock "count-plain" (Locker): 0 keys, 0 waiters; 0 double unlocks, 0 reentrant`,
+		`"count-backend"`:   `fairlock "count-backend" (redislock.Locker): 0 keys, 0 waiters; 0 double unlocks, 0 reentrant`,
+	} {
+		if got := headers[name]; got != want {
+			t.Errorf("header of %s = %q, want %q", name, got, want)
+		}
+	}
+	for _, st := range debug.Snapshot() {
+		if strings.HasPrefix(st.Name, "count-") && st.DeadlockDetection != (st.Name == "count-detecting") {
+			t.Errorf("%s: DeadlockDetection = %v", st.Name, st.DeadlockDetection)
+		}
+	}
+}
+
+// stateSource is a registry.Source that reports a fixed state, as a
+// backend in a module of its own would.
+type stateSource struct{ st registry.LockerState }
+
+func (s stateSource) DebugState(int) registry.LockerState { return s.st }
 
 func TestStacks(t *testing.T) {
 	s := newScene(t, "stacks", fairlock.WithStacks())

@@ -16,9 +16,10 @@ import (
 // order. Long-held keys and long waits are marked "LONG". Keys are
 // rendered by the locker (strings quoted, control characters escaped),
 // and owners' labels quoted the same way, so no key or label can forge a
-// line. It takes each locker's shard mutexes in turn
-// and allocates in proportion to the live keys; it returns the first
-// write error.
+// line. The count of deadlocks refused is shown only for a locker with a
+// deadlock detector (fairlock.WithDeadlockDetection). It takes each
+// locker's shard mutexes in turn and allocates in proportion to the live
+// keys; it returns the first write error.
 //
 //	fairlock "orders" (Locker): 2 keys, 3 waiters, long-held after 100ms; 0 double unlocks, 1 reentrant, 0 deadlocks refused
 //	  "order-17" exclusive, held 2.31s LONG
@@ -52,8 +53,11 @@ func writeLocker(w io.Writer, st LockerState) {
 	if st.LongHeld > 0 {
 		fmt.Fprintf(w, ", long-held after %v", st.LongHeld)
 	}
-	fmt.Fprintf(w, "; %s, %d reentrant, %s refused\n",
-		count(st.DoubleUnlocks, "double unlock"), st.Reentrant, count(st.DeadlocksRefused, "deadlock"))
+	fmt.Fprintf(w, "; %s, %d reentrant", count(st.DoubleUnlocks, "double unlock"), st.Reentrant)
+	if st.DeadlockDetection { // a locker without a detector refuses none
+		fmt.Fprintf(w, ", %s refused", count(st.DeadlocksRefused, "deadlock"))
+	}
+	fmt.Fprintln(w)
 	for _, k := range st.Held {
 		fmt.Fprintf(w, "  %s %s", k.Key, k.Mode)
 		if k.Units > 0 {

@@ -45,8 +45,9 @@ var knownParams = []string{"format", "limit", "locker"}
 //     integer;
 //   - 404 Not Found for a path below the one it is mounted at (see below),
 //     or for a locker=NAME under which no locker is registered (only
-//     lockers built with fairlock.WithDebug or etcdlock.WithDebug are, and
-//     only while open; the message lists those that are);
+//     lockers built with a WithDebug option are: fairlock's, etcdlock's,
+//     redislock's; and only while open; the message lists those that
+//     are);
 //   - 405 Method Not Allowed, with an Allow header, for a method other
 //     than GET and HEAD.
 //
@@ -129,7 +130,7 @@ func parseQuery(raw string) (format string, limit int, locker string, err error)
 // notFound is the 404 message for a locker=NAME that is not registered.
 func notFound(name string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "fairlock debug: no open locker named %q; only lockers built with fairlock.WithDebug (or etcdlock.WithDebug) appear here, while they are open. ", name)
+	fmt.Fprintf(&b, "fairlock debug: no open locker named %q; only lockers built with a WithDebug option (fairlock.WithDebug, etcdlock.WithDebug, redislock.WithDebug) appear here, while they are open. ", name)
 	names := registry.Names()
 	if len(names) == 0 {
 		b.WriteString("None is open.")

@@ -94,3 +94,34 @@ func TestRefusedTryLockAllocatesOnlyItsError(t *testing.T) {
 		t.Errorf("a refused TryLock allocates %v times, want at most 2 (its *LockError and the boxed key)", allocs)
 	}
 }
+
+// TestStatsAllocatesNothing holds Stats's promise, on a Locker with a
+// held key and a waiter and on a Semaphore.
+func TestStatsAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	l := fairlock.New[string]()
+	defer l.Close(ctx)
+	s := fairlock.NewSemaphore[string](2)
+	defer s.Close(ctx)
+	g, err := l.Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Unlock()
+	u, err := s.Acquire(ctx, "held", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Unlock()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if st := l.Stats(); st.Keys != 1 {
+			t.Fatalf("Locker.Stats = %+v, want 1 key", st)
+		}
+		if st := s.Stats(); st.Keys != 1 {
+			t.Fatalf("Semaphore.Stats = %+v, want 1 key", st)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Stats allocates %v times per run, want 0", allocs)
+	}
+}

@@ -64,6 +64,7 @@ func (src debugSource[K]) DebugState(limit int) registry.LockerState {
 		st.Units = t.size
 	}
 	if t.detector != nil {
+		st.DeadlockDetection = true
 		st.DeadlocksRefused = t.detector.refused.Load()
 	}
 	long := func(d time.Duration) bool { return t.dbg.longHeld > 0 && d > t.dbg.longHeld }

@@ -59,19 +59,25 @@ var (
 
 // LockError is the error every call of a Locker or Semaphore that asks
 // for a key returns (Close returns a plain error naming the Locker and
-// wrapping ctx's), and the error of every etcdlock call on a key. It
-// names the operation, the key and the owner, and unwraps to a sentinel
-// (ErrReentrant, ErrWouldBlock, ErrClosed, ErrDeadlock, ErrInvalidKey,
-// ErrInvalidWeight) or to the context's error (context.Canceled,
-// context.DeadlineExceeded, or a cause set with context.WithCancelCause).
+// wrapping ctx's), the error of every call on a key of the backends
+// across processes (etcdlock, redislock), and the error of keylock.Do and
+// keylock.LockMany. It names the operation, the key and the owner, and
+// unwraps to a sentinel (ErrReentrant, ErrWouldBlock, ErrClosed,
+// ErrDeadlock, ErrInvalidKey, ErrInvalidWeight, ErrLost), to the
+// context's error (context.Canceled, context.DeadlineExceeded, or a cause
+// set with context.WithCancelCause) or, from a backend, to the error of
+// the engine call that failed.
 type LockError struct {
 	// Op is the call: "Lock", "TryLock", "RLock", "TryRLock", "Wait",
-	// "Acquire", "TryAcquire" or "LockMany"; from etcdlock also "Unlock"
-	// (a lost grant, or a release that failed) and "Locked".
+	// "Acquire", "TryAcquire" or "LockMany"; from etcdlock and redislock
+	// also "Unlock" (a lost grant, or a release that failed) and
+	// "Locked"; from keylock.Do, "Do" (the cause of fn's context when the
+	// grant is lost, or the error when the lock function returned neither
+	// a Lease nor an error).
 	Op    string
 	Key   any      // the key the call was for; nil for LockMany with no keys
 	Owner owner.ID // the caller's owner
-	Err   error    // the sentinel or context error
+	Err   error    // the sentinel, context or engine error
 
 	render func(any) string // the Locker's key renderer; nil: renderKey
 	detail string           // what the call asked for, when that is the fault

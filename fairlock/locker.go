@@ -190,6 +190,14 @@ func (l *Locker[K]) Waiters(key K) int { return l.t.waiters(key) }
 // in turn, so it is a sum of per-shard instants, not one snapshot.
 func (l *Locker[K]) Len() int { return l.t.Len() }
 
+// Stats returns the Locker's live counts: the keys with a holder and the
+// calls queued over all keys (Lock, RLock, Wait). They are what an
+// Observer reads through the function its Register is given. Stats takes
+// each shard mutex in turn, so it is a sum of per-shard instants, not one
+// snapshot; call it from a metrics collection or a health check, not per
+// operation. It allocates nothing.
+func (l *Locker[K]) Stats() Stats { return l.t.stats() }
+
 // Close closes the Locker: later calls return ErrClosed, and queued
 // waiters (Lock, RLock, Wait) wake with ErrClosed at once. Close then
 // waits until every holder has unlocked or ctx is done, whichever comes

@@ -47,6 +47,8 @@ func Results() []Result {
 }
 
 // Stats is a Locker's or Semaphore's live counts at one instant.
+// Locker.Stats and Semaphore.Stats return it; an Observer reads it through
+// the function Register is given.
 type Stats struct {
 	Keys    int // keys with a holder (every awaited key has one)
 	Waiters int // queued waiters over all keys

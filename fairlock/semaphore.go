@@ -90,6 +90,11 @@ func (s *Semaphore[K]) Waiters(key K) int { return s.t.waiters(key) }
 // all work is done. It takes each shard mutex in turn.
 func (s *Semaphore[K]) Len() int { return s.t.Len() }
 
+// Stats returns the Semaphore's live counts: the keys with a holder and
+// the Acquire calls queued over all keys, as Locker.Stats does. It takes
+// each shard mutex in turn and allocates nothing.
+func (s *Semaphore[K]) Stats() Stats { return s.t.stats() }
+
 // Close closes the Semaphore as Locker.Close closes a Locker: later calls
 // return ErrClosed, queued waiters wake with ErrClosed, and Close waits
 // until every holder has given its units back or ctx is done, then

@@ -28,7 +28,10 @@ import (
 // names are stable; durations are integer nanoseconds and times RFC 3339.
 type LockerState struct {
 	Name string `json:"name"` // the name from WithName, or generated
-	// Kind is the locker's type: "Locker", "Semaphore" or "etcdlock.Locker".
+	// Kind is the locker's type: "Locker" or "Semaphore" (package
+	// fairlock), "etcdlock.Locker" or "etcdlock.Semaphore",
+	// "redislock.Locker" or "redislock.Semaphore"; a backend in a module
+	// of its own names its types the same way.
 	Kind string `json:"kind"`
 	// Time is when the read ended. Each age below was measured when its
 	// own shard was read, under that shard's mutex, so none is negative.
@@ -43,7 +46,15 @@ type LockerState struct {
 	DoubleUnlocks int64 `json:"double_unlocks"`
 	// Reentrant counts calls refused with ErrReentrant.
 	Reentrant int64 `json:"reentrant"`
-	// DeadlocksRefused counts calls refused with ErrDeadlock.
+	// DeadlockDetection is true for a locker that refuses a wait that
+	// would close a wait-for cycle (fairlock.WithDeadlockDetection). A
+	// locker without a detector (a fairlock Locker built without that
+	// option, or a backend that has none, as etcdlock and redislock have
+	// none) leaves it false, and the text dump then leaves out the
+	// count below rather than show a 0 that could never grow.
+	DeadlockDetection bool `json:"deadlock_detection"`
+	// DeadlocksRefused counts calls refused with ErrDeadlock; always 0
+	// when DeadlockDetection is false.
 	DeadlocksRefused int64 `json:"deadlocks_refused"`
 	// Held lists the live keys, longest held first (then by key), at most
 	// the limit the reader asked for.
