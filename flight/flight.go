@@ -20,10 +20,12 @@
 // util/singleflight.DoChanContext does the same); singleflight runs the
 // function on its first caller's context, whose cancellation fails every
 // caller (moby/moby#44520). A panic or runtime.Goexit in the function
-// reaches every caller as a *PanicError carrying the value and the stack;
-// singleflight re-panics in every caller of Do and, from DoChan, panics on
-// a goroutine of its own, which no caller can recover and which ends the
-// process (golang/go#33519, golang/go#41133).
+// reaches every caller as a *PanicError carrying the value and the stack.
+// singleflight's answer to a panic that left the other callers waiting
+// forever (golang/go#33519, golang/go#41133) is to re-panic in every
+// caller of Do and, from DoChan, to panic on a goroutine of its own,
+// which no caller can recover and which ends the process; a Goexit still
+// leaves DoChan's callers waiting forever (golang/go#52557).
 //
 // # Across processes: Cache
 //

@@ -208,8 +208,8 @@ func (p *panicValue) Error() string { return fmt.Sprintf("panic value %d", p.n) 
 
 // TestPanicReachesEveryCaller: a panic in fn reaches every caller, of Do
 // and of DoChan, as a *PanicError with the value and a stack that shows
-// fn; the process goes on (DoChan's panic is not re-raised on a
-// goroutine of its own, as x/sync's is: golang/go#33519).
+// fn; the process goes on (x/sync re-raises DoChan's panic on a
+// goroutine of its own, which ends the process).
 func TestPanicReachesEveryCaller(t *testing.T) {
 	var g flight.Group[string, int]
 	ctx := context.Background()
@@ -251,7 +251,8 @@ func TestPanicReachesEveryCaller(t *testing.T) {
 
 // TestGoexitReachesEveryCaller: runtime.Goexit in fn (t.FailNow in a
 // test helper, say) reaches every caller as a *PanicError that is
-// ErrGoexit, with fn's stack; nobody waits forever.
+// ErrGoexit, with fn's stack; nobody waits forever, DoChan's callers
+// included (x/sync's wait: golang/go#52557).
 func TestGoexitReachesEveryCaller(t *testing.T) {
 	var g flight.Group[string, int]
 	ctx := context.Background()
