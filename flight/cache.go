@@ -189,7 +189,9 @@ func NewCache[V any](locker keylock.Locker, store Store[V], ttl time.Duration, o
 // the processes.
 //
 // The calls of one process for one key share one load (a Group: each
-// caller keeps its own ctx, as Group.Do says). The load reads the store;
+// caller keeps its own ctx, as Group.Do says), and the fill of the call
+// that started it: give every call of a key the same fill. The load
+// reads the store;
 // if the value is missing or expired, it tries the key's lock (TryLock).
 // Granted, it reads the store again (another process may have filled in
 // between) and otherwise calls fill with the grant's Lease and a context
