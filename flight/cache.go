@@ -185,40 +185,39 @@ func NewCache[V any](locker keylock.Locker, store Store[V], ttl time.Duration, o
 }
 
 // Get returns key's value: from the store if it is there and has not
-// expired; otherwise from a fill, of which there is one per key across
-// the processes.
+// expired; otherwise from a fill, of which there is one at a time per
+// key across the processes.
 //
 // The calls of one process for one key share one load (a Group: each
 // caller keeps its own ctx, as Group.Do says), and the fill of the call
-// that started it: give every call of a key the same fill. The load
-// reads the store;
-// if the value is missing or expired, it tries the key's lock (TryLock).
-// Granted, it reads the store again (another process may have filled in
-// between) and otherwise calls fill with the grant's Lease and a context
-// that ends when every caller has left or the grant is lost (keylock.Do:
-// its cause then wraps fairlock.ErrLost), and stores what fill returns,
-// with the Lease for fencing, for the Cache's TTL. Refused because
-// another process holds or awaits the key, it Waits for the key's release
-// and reads the store: one round trip for every waiting process. If
-// that finds nothing fresh (the filler died, its callers all left, it
-// could not store), it queues for the key with Lock, and the first in
-// line fills; the others, granted in turn, find its value and release.
+// that started it: give every call of a key the same fill. The load reads
+// the store; if the value is missing or expired, it tries the key's lock
+// (TryLock). Granted, it reads the store again (another process may have
+// filled in between) and otherwise calls fill with the grant's Lease and
+// a context that ends when every caller has left or the grant is lost
+// (keylock.Do: its cause then wraps fairlock.ErrLost), and stores what
+// fill returns, with the Lease for fencing, for the Cache's TTL. Refused
+// because another process holds or awaits the key, it Waits for the
+// key's release and reads the store. If that finds nothing fresh (the
+// filler died, its callers all left, it could not store), it queues for
+// the key with Lock, and the first in line fills; the others, granted in
+// turn, find its value and release.
 //
-// Get returns fill's value, or its error to the callers of the load that
-// ran it; a caller whose ctx ends returns at once with the context's
-// error. While the record of a failed fill is in the store
+// Get returns fill's value, or fill's error to the callers of the load
+// that ran it; a caller whose ctx ends returns at once with the
+// context's error. While the record of a failed fill is in the store
 // (WithErrorTTL), every call returns a *FillError without filling. The
-// lock's and the store's errors are returned as they are (the lock's name
-// the key) or wrapped with the key, and a panic in fill reaches each
-// caller of the load as a *PanicError, after the key is released. A
-// fill whose value could not be stored is still returned to its
-// callers, and the failure logged.
+// lock's errors are returned as they are (they name the key); the
+// store's read errors are wrapped with the key. A panic in fill reaches
+// each caller of the load as a *PanicError, after the key is released. A
+// value that could not be stored is still returned to its callers, and
+// the failure logged.
 //
-// Each call uses the lock under a flow of its own (owner.NewContext), so
-// a caller that holds key through the same Locker does not get
-// ErrReentrant: it waits for itself, as a second Lock would.
 // fill is called with the Lease: a write it makes elsewhere can be fenced
-// with Lease.Token. The value V is shared by the callers of a load.
+// with Lease.Token. The value V is shared by the callers of a load. Each
+// load uses the lock under a flow of its own (owner.NewContext): a caller
+// that holds key through the same Locker would wait for itself until its
+// ctx ends, so do not call Get of a key you hold.
 func (c *Cache[V]) Get(ctx context.Context, key string, fill func(context.Context, keylock.Lease) (V, error)) (V, error) {
 	var zero V
 	e, _, err := c.loads.Do(ctx, key, func(ctx context.Context) (Entry[V], error) {
