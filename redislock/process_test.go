@@ -103,7 +103,11 @@ func runWorker(role string) int {
 			err = g.Unlock(ctx)
 		}
 	default:
-		err = fmt.Errorf("unknown role %q", role)
+		if run, ok := roles[role]; ok {
+			err = run(ctx, client, l, key)
+		} else {
+			err = fmt.Errorf("unknown role %q", role)
+		}
 	}
 	if err != nil {
 		fmt.Println("error", err)
@@ -111,6 +115,12 @@ func runWorker(role string) int {
 	}
 	return 0
 }
+
+// roles are the worker roles that other test files add (flight_test.go
+// does, in its init), by name: each runs in a worker process with the
+// worker's client, its Locker on REDISLOCK_TEST_PREFIX and
+// REDISLOCK_TEST_KEY, and fails the worker with its error.
+var roles = map[string]func(ctx context.Context, client *redis.Client, l *redislock.Locker, key string) error{}
 
 // proc is a worker process.
 type proc struct {

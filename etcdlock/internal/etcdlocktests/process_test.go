@@ -60,7 +60,11 @@ func runWorker(role string) int {
 			select {} // until killed
 		}
 	default:
-		err = fmt.Errorf("unknown role %q", role)
+		if run, ok := roles[role]; ok {
+			err = run(ctx, client, l, key)
+		} else {
+			err = fmt.Errorf("unknown role %q", role)
+		}
 	}
 	if err != nil {
 		fmt.Println("error", err)
@@ -68,6 +72,12 @@ func runWorker(role string) int {
 	}
 	return 0
 }
+
+// roles are the worker roles that other test files add (flight_test.go
+// does, in its init), by name: each runs in a worker process with the
+// worker's client, its Locker on ETCDLOCK_TEST_PREFIX and
+// ETCDLOCK_TEST_KEY, and fails the worker with its error.
+var roles = map[string]func(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker, key string) error{}
 
 // fifoWorker locks key once and appends "id:token" to the log key with a
 // write fenced by the grant: the log is the grant order.
