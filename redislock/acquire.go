@@ -246,8 +246,8 @@ func (c *core) run(ctx context.Context, g *Guard, try bool) error {
 		kind = "w"
 	}
 	for {
-		member := c.newMember(g)
 		c.mu.Lock()
+		member := c.newMember(g) // numbered and recorded in one hold of c.mu (stale.go)
 		g.member, g.confirmed, g.granted, g.gone = member, false, false, false
 		c.entries[member] = g
 		c.mu.Unlock()

@@ -281,16 +281,52 @@ for _, m in ipairs(after) do res[#res + 1] = m end
 return res
 `)
 
-// renewScript renews a session's marker on one key. KEYS: marker, queue.
-// ARGV: TTL in ms, the session's entries the Locker believes present. It
+// renewScript renews a session's marker on one key and removes the
+// session's entries that its Locker no longer knows from the head of the
+// queue. KEYS: queue, marker. ARGV: marker prefix, channel, TTL in ms,
+// the cutoff, then the session's entries the Locker believes present. It
 // returns {-1} if the marker had expired (every entry of the session on
 // the key is dead, and it is not brought back), else {0, the entries
 // that are missing...}.
-var renewScript = redis.NewScript(`
-if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return {-1} end
+//
+// An entry the Locker no longer knows is one it released, or lost, or
+// gave up on, and that came back: from an RDB snapshot or an append-only
+// file taken before its release, or from a replica promoted before the
+// release reached it. Its session's marker is alive while the Locker has
+// other calls on the key, so no purge removes it, and it would block the
+// key for as long as the Locker lives (its own new calls queued behind
+// it). The renewal removes such an entry when it holds the key (the
+// prefix of the queue that walk grants, where an entry blocks others; an
+// entry further back is removed by the first renewal after it gets
+// there), so it stops blocking within one renewal period. It compares
+// only that head with the Locker's list, not the whole queue: the cost
+// per renewal is the head's, whatever the queue's length. The cutoff
+// keeps it from removing an entry whose enqueue is in flight (the
+// Locker cannot list it yet, and the script may overtake the renewal on
+// another connection): it removes only entries numbered at or below it
+// (the seq field, base 36), all of which the Locker either lists or no
+// longer waits for (see staleCutoffLocked).
+var renewScript = redis.NewScript(prelude + `
+local marker, ttl, cutoff = KEYS[2], ARGV[3], tonumber(ARGV[4])
+if redis.call('PEXPIRE', marker, ttl) == 0 then return {-1} end
 local res = {0}
-for i = 2, #ARGV do
-  if not redis.call('ZSCORE', KEYS[2], ARGV[i]) then res[#res + 1] = ARGV[i] end
+local known = {}
+for i = 5, #ARGV do
+  known[ARGV[i]] = true
+  if not redis.call('ZSCORE', q, ARGV[i]) then res[#res + 1] = ARGV[i] end
 end
+local sid = string.sub(marker, #mpre + 1)
+local before = walk(false)
+local head = walk(true)
+local stale = false
+for _, m in ipairs(head) do
+  local s, seq = string.match(m, '^([^|]+)|([^|]+)|')
+  if s == sid and not known[m] and tonumber(seq, 36) <= cutoff then
+    redis.call('ZREM', q, m)
+    stale = true
+  end
+end
+if stale then head = walk(true) end
+notify(before, head)
 return res
 `)

@@ -10,7 +10,9 @@ import (
 // the TTL while the Locker has calls on the key; Redis's clock alone
 // decides when it expires. The renewal reports the entries that are gone
 // (removed by someone else, or purged after the session expired): their
-// grants are lost and their queued calls queue again. The Locker keeps,
+// grants are lost and their queued calls queue again. It also removes
+// the session's entries that hold the key but that no call of the Locker
+// knows any more (brought back by a restore or a failover: stale.go). The Locker keeps,
 // per key, the deadline before which the server cannot have expired the
 // marker: the send time of the last enqueue or renewal that set it, plus
 // the TTL less a tenth (the server counts from when it ran the command,
@@ -138,6 +140,7 @@ func (c *core) renewAll() bool {
 		key     string
 		members []string
 		guards  []*Guard
+		cutoff  uint64 // stale.go
 	}
 	var list []todo
 	c.mu.Lock()
@@ -151,6 +154,7 @@ func (c *core) renewAll() bool {
 		}
 		if len(td.guards) > 0 {
 			td.key = key
+			td.cutoff = c.staleCutoffLocked(ks)
 			list = append(list, td)
 		}
 	}
@@ -164,8 +168,8 @@ func (c *core) renewAll() bool {
 	for _, td := range list {
 		n := namesOf(c.esc, td.key)
 		sent := time.Now()
-		v, err := renewScript.Run(ctx, c.client, []string{n.markers + c.sid, n.queue},
-			append([]any{c.ttlMs}, anys(td.members)...)...).Slice()
+		v, err := renewScript.Run(ctx, c.client, []string{n.queue, n.markers + c.sid},
+			c.renewArgs(n, td.cutoff, td.members)...).Slice()
 		if err != nil {
 			if c.bg.Err() == nil {
 				c.logger.Warn("redislock: session renewal failed; retrying", "locker", c.name, "key", td.key, "error", err)
@@ -254,13 +258,4 @@ func (c *core) checkAll() {
 		}
 		c.mu.Unlock()
 	}
-}
-
-// anys converts strings to script arguments.
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }
