@@ -82,6 +82,13 @@ var lockers, semaphores atomic.Int64
 // Redis (the same primary, or the same Cluster) and prefix exclude each
 // other, key by key. prefix must not be empty. A nil Option is ignored.
 //
+// New first reads the server's maxmemory-policy (CONFIG GET, on every
+// master of a Cluster) and fails with an error naming the policy if it is
+// not noeviction: any other policy lets Redis evict the lock's keys under
+// memory pressure and grant a key twice. Where CONFIG is refused (renamed,
+// or denied by an ACL) it logs one warning through the Locker's logger
+// and goes on. It fails with the error of a server it cannot reach.
+//
 // New subscribes to the prefix's channel before it returns (one round
 // trip, bounded by 10 s) and returns an error if that fails; it starts
 // three goroutines that Close stops. The client must stay open until
@@ -132,6 +139,9 @@ func newCore(client redis.UniversalClient, prefix string, n int64, kind string, 
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
+	}
+	if err := checkEviction(client, cfg.logger, cfg.name); err != nil { // policy.go
+		return nil, err
 	}
 	var id [12]byte
 	rand.Read(id[:])
