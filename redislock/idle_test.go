@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,10 @@ func TestIdleKeysLeaveNothing(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if err := g.Unlock(ctx); err != nil {
+				// A grant held past its renewal deadline on a loaded
+				// machine (the TTL is short) is lost, and leaves nothing
+				// all the same.
+				if err := g.Unlock(ctx); err != nil && !errors.Is(err, redislock.ErrLost) {
 					t.Error(err)
 					return
 				}

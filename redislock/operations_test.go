@@ -148,8 +148,8 @@ func TestTokensAfterFailover(t *testing.T) {
 // grant made on the primary after its replica's link stalled is not on
 // the replica, and once the replica is promoted another Locker is
 // granted the same key at once, while the first holder's Lost is still
-// open (it closes at its next renewal, which finds its entry gone, or at
-// its renewal deadline). What fencing still gives: the second grant's
+// open (it closes at its next renewal on the new primary, which finds
+// its entry gone, or at its renewal deadline). What fencing still gives: the second grant's
 // token is larger, so a store that fences refuses the first holder's
 // writes once it has taken the second's. This setup is the one a
 // WithReplicas test uses to show that a confirmed grant survives.
@@ -174,7 +174,6 @@ func TestFailoverToStalledReplicaGrantsAgain(t *testing.T) {
 	if err := replica.Promote(); err != nil {
 		t.Fatal(err)
 	}
-	addr.Store(replica.Addr())
 	second := newLocker(t, replica.NewClient(t), prefix)
 	g2, err := second.Lock(ctx, "k")
 	if err != nil {
@@ -187,6 +186,9 @@ func TestFailoverToStalledReplicaGrantsAgain(t *testing.T) {
 	if g2.Token() <= g1.Token() {
 		t.Errorf("the promoted replica handed out token %d, not above the old primary's %d: fencing cannot tell the two grants apart", g2.Token(), g1.Token())
 	}
+	// The first holder's client follows the failover only now, so that
+	// its renewal could not find its entry gone before the second grant.
+	addr.Store(replica.Addr())
 	recvWithin(t, g1.Lost(), 10*time.Second, "the first holder's Lost did not close after the failover")
 	if err := g1.Unlock(ctx); !errors.Is(err, redislock.ErrLost) {
 		t.Errorf("the first holder's Unlock: %v, want ErrLost", err)
