@@ -299,9 +299,9 @@ func (s *Server) start() error {
 	return nil
 }
 
-// Stop kills the server (SIGKILL: nothing to save) and waits for it to
-// exit. Stopping a stopped server does nothing. StartServer's tb.Cleanup
-// calls it.
+// Stop kills the server (SIGKILL: it saves nothing on the way out, as a
+// crash) and waits for it to exit. Stopping a stopped server does
+// nothing. StartServer's tb.Cleanup calls it.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	cmd, ch := s.cmd, s.waitCh

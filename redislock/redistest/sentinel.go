@@ -16,10 +16,11 @@ import (
 // monitors its primary under.
 const SentinelMaster = "redistest"
 
-// Sentinel is a Redis Sentinel process (redis-server --sentinel: Debian's
-// redis-server package has no separate redis-sentinel binary, and the
-// two are one program) monitoring one primary, started by
-// StartSentinel. Addr is its address.
+// Sentinel is a Redis Sentinel process monitoring one primary, started
+// by StartSentinel: redis-server --sentinel, the same program as the
+// redis-sentinel binary, which Debian ships in a package of its own
+// (redis-sentinel) while redis-server is all redistest needs. Addr is its
+// address.
 type Sentinel struct {
 	*Server
 }
