@@ -149,10 +149,11 @@ func TestTokensAfterFailover(t *testing.T) {
 // the replica, and once the replica is promoted another Locker is
 // granted the same key at once, while the first holder's Lost is still
 // open (it closes at its next renewal on the new primary, which finds
-// its entry gone, or at its renewal deadline). What fencing still gives: the second grant's
-// token is larger, so a store that fences refuses the first holder's
-// writes once it has taken the second's. This setup is the one a
-// WithReplicas test uses to show that a confirmed grant survives.
+// its entry gone, or at its renewal deadline). What fencing still gives:
+// the second grant's token is larger, so a store that fences refuses the
+// first holder's writes once it has taken the second's. This setup is
+// the one a WithReplicas test uses to show that a confirmed grant
+// survives.
 func TestFailoverToStalledReplicaGrantsAgain(t *testing.T) {
 	primary := redistest.StartServer(t)
 	replica := primary.StartReplica(t)

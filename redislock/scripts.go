@@ -17,12 +17,13 @@ import (
 //
 // A key's queue is a sorted set of entries, one per call (see keys.go for
 // the names), scored by the call's fencing token, which the enqueue takes
-// above every score in the queue, so its order is arrival order. An entry is "sid|seq|mode|w|n": the session of
-// the Locker that made it, that Locker's call number, the mode (x
-// exclusive, r shared, u units of a semaphore, w a Wait), the units asked
-// (w) and the semaphore's size (n). Whether an entry holds the key is not
-// stored: it follows from the entries ahead of it (walk below), so a
-// grant is never a separate write that could be lost.
+// above every score in the queue, so its order is arrival order. An entry
+// is "sid|seq|mode|w|n": the session of the Locker that made it, that
+// Locker's call number, the mode (x exclusive, r shared, u units of a
+// semaphore, w a Wait), the units asked (w) and the semaphore's size (n).
+// Whether an entry holds the key is not stored: it follows from the
+// entries ahead of it (walk below), so a grant is never a separate write
+// that could be lost.
 //
 // An entry lives while its session's marker on the key exists. A script
 // that walks the head of a queue removes the entries of sessions whose
@@ -128,9 +129,9 @@ end
 // clock when the script ran, or the token before it plus one where two
 // calls on the key met within a microsecond (an enqueue runs for longer
 // than that, so a token leads the clock by a microsecond or so at most),
-// and the server that comes back reads a later clock. After a failover, the new
-// primary's clock must not be behind the old one's by more than the time
-// between the two grants. The counter keeps tokens strictly increasing
+// and the server that comes back reads a later clock. After a failover,
+// the new primary's clock must not be behind the old one's by more than
+// the time between the two grants. The counter keeps tokens strictly increasing
 // when the clock does not move between two calls or steps back, while
 // it lives; the queue's largest score keeps a new entry behind every
 // queued one even when the counter has expired or was lost, so that the

@@ -10,15 +10,17 @@ import (
 // the TTL while the Locker has calls on the key; Redis's clock alone
 // decides when it expires. The renewal reports the entries that are gone
 // (removed by someone else, or purged after the session expired): their
-// grants are lost and their queued calls queue again. It also removes
-// the session's entries that hold the key but that no call of the Locker
-// knows any more (brought back by a restore or a failover: stale.go). The Locker keeps,
+// grants are lost and their queued calls queue again. The Locker keeps,
 // per key, the deadline before which the server cannot have expired the
 // marker: the send time of the last enqueue or renewal that set it, plus
 // the TTL less a tenth (the server counts from when it ran the command,
 // after the send; the tenth allows for clock rates that differ by up to
 // 10%). Past the deadline without a renewal, the grants on the key are
 // lost, as etcdlock loses a lease's.
+//
+// The renewal also removes the session's entries that hold the key but
+// that no call of the Locker knows any more (a restore or a failover
+// brought them back: stale.go).
 //
 // The same loop re-reads, every third of the TTL, the queue of every key
 // on which this Locker has a waiting call (the check script, which also
