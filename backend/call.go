@@ -138,15 +138,21 @@ func (c *Call) Session() *Session { return c.session }
 // if the write's outcome stays unknown the kit removes id when it shows
 // up. Enqueue calls it once per attempt; it takes the Core's mutex.
 func (c *Call) Name(id string) {
+	c.core.mu.Lock()
+	c.NameLocked(id)
+	c.core.mu.Unlock()
+}
+
+// NameLocked is Name with the Core's mutex held: for an engine that must
+// number an entry and name it in one hold of the mutex.
+func (c *Call) NameLocked(id string) {
 	k := c.core
-	k.mu.Lock()
 	if c.id != "" && k.ids[c.id] == c {
 		delete(k.ids, c.id)
 	}
 	c.id = id
 	c.confirmed, c.granted, c.gone, c.refresh = false, false, false, false
 	k.ids[id] = c
-	k.mu.Unlock()
 }
 
 // entry returns c's current entry. The Core's mutex must be held, or the

@@ -56,7 +56,7 @@ import (
 	"runtime/debug"
 	"sync"
 
-	"github.com/fairlock/fairlock/internal/ctxerr"
+	"github.com/fairlock/fairlock/ctxerr"
 )
 
 var (

@@ -82,8 +82,13 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		kind = "w"
 	}
 	key := c.Key()
+	// Numbered and recorded in one hold of the Core's mutex, so that a
+	// renewal's cutoff never passes an entry it cannot list (stale.go).
+	mu := e.k.Mu()
+	mu.Lock()
 	member := e.newMember(c)
-	c.Name(member)
+	c.NameLocked(member)
+	mu.Unlock()
 	n := namesOf(e.esc, key)
 	sent := time.Now()
 	v, err := enqueueScript.Run(ctx, e.client,

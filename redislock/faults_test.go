@@ -354,8 +354,9 @@ func TestUnlockRetriedAfterLostReply(t *testing.T) {
 }
 
 // TestNothingLeftButCounters: once every call has returned, an
-// uncontended key keeps only its fencing counter in Redis (docs: the
-// counter stays by design), not its session marker until the TTL; a
+// uncontended key keeps only its fencing counter in Redis (until the key
+// has been idle for ten TTLs: TestIdleKeysLeaveNothing), not its session
+// marker until the TTL; a
 // cancelled waiter and a Try that would block leave nothing either.
 func TestNothingLeftButCounters(t *testing.T) {
 	c := redistest.Start(t)

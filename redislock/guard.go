@@ -23,16 +23,26 @@ func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
 func (g *Guard) Key() string { return g.call().Key() }
 
 // Token returns the grant's fencing token: its entry's score in the key's
-// queue, taken from the key's counter when the call queued. Calls are
-// granted in queue order, so every later grant of the same key under the
-// same prefix, in any process and any mode, has a larger token; a store
-// that remembers the largest token it has accepted for a resource and
-// refuses smaller ones refuses the writes of a grant that has been lost
-// and taken over (Kleppmann's fencing tokens, "How to do distributed
-// locking", 2016). Tokens of different keys are not comparable: each key
-// has its own counter, in its own hash slot (keys.go). A failover to a
-// replica that missed the latest increments can hand a token out again
-// (docs/distributed.md). A nil Guard's token is 0.
+// queue, chosen by the server when the call queued. Calls are granted in
+// queue order, so every later grant of the same key under the same
+// prefix, in any process and any mode, has a larger token; a store that
+// remembers the largest token it has accepted for a resource and refuses
+// smaller ones refuses the writes of a grant that has been lost and
+// taken over (Kleppmann's fencing tokens, "How to do distributed
+// locking", 2016).
+//
+// A token is never below the Redis server's clock in microseconds when
+// the call queued (about 1.7e15 in 2024), and above the key's previous
+// token. So tokens keep growing across whatever the server restores (an
+// RDB snapshot, an append-only file that lost its last second, a replica
+// promoted before it received the latest grants) and after the key's
+// state expired with the key idle: a later token is larger as long as
+// the server's clock (the new primary's, after a failover) reads later
+// than it did when the earlier token was handed out. A clock that steps
+// back further can hand out a smaller token. Tokens of different keys are
+// not comparable: they order grants of one key only. A failover can still
+// grant a key twice, each grant with its own token (docs/distributed.md);
+// WithReplicas closes that gap. A nil Guard's token is 0.
 func (g *Guard) Token() uint64 { return g.call().Token() }
 
 // Lost returns a channel that is closed when the grant is lost while it

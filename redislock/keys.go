@@ -8,7 +8,7 @@ import "strings"
 // Redis Cluster too) while different lock keys spread over the slots:
 //
 //	{E(P)/E(k)}q       the queue: a sorted set, one entry per call (scripts.go)
-//	{E(P)/E(k)}n       the fencing counter: tokens of k's grants
+//	{E(P)/E(k)}n       the fencing counter: the last token handed out for k
 //	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL
 //
 // E percent-encodes '%', '/', '{' and '}' and nothing else, so the tag is
@@ -17,16 +17,23 @@ import "strings"
 // {P/a} and {P/a%2Fb}. Grants are announced on the channel {E(P)}grants,
 // one per prefix.
 //
-// The queue comes and goes with the calls (Redis deletes an empty sorted
-// set). A marker is set by its session's enqueue and deleted by the
-// release that leaves the queue empty; the marker of a session whose last
-// call left while others were queued expires with its TTL. The counter
-// stays (a string key of about 70 bytes plus the key's length, per lock
-// key ever locked), because tokens must keep growing after a key's queue
-// empties. A counter that is lost anyway (a flushed or restarted server
-// without persistence) starts again from the server's clock in
-// microseconds, above every token it handed out unless the clock went
-// back.
+// Every one of them goes once the key is idle, so that the server's
+// memory follows the keys in use, not every key ever locked. The queue
+// comes and goes with the calls (Redis deletes an empty sorted set). A
+// marker is set with the TTL by its session's enqueue, renewed while the
+// session has calls on the key, and deleted by the release that leaves
+// the queue empty; the marker of a session whose last call left while
+// others were queued expires with its TTL. The counter is set by each
+// enqueue with an expiry of ten TTLs (the enqueuing Locker's), so it
+// expires once no call has queued on the key for that long. Tokens do not
+// need it to keep growing: the enqueue takes every token at or above the
+// server's clock in microseconds (scripts.go), so after a counter
+// expired, or a restore or a failover took it back to an older value,
+// tokens go on above every token handed out before as long as the
+// server's clock (the new primary's, after a failover) reads later than
+// it did when those were handed out: a clock that steps back by less
+// than the time since is harmless, and an expired counter's key has been
+// idle for ten TTLs at least.
 
 // escape percent-encodes '%', '/', '{' and '}'.
 func escape(s string) string {

@@ -123,6 +123,13 @@ var errWouldBlock = fairlock.ErrWouldBlock
 // "/locks/orders": the form etcdlock takes works here too, and names
 // other queues than its variants). A nil Option is ignored.
 //
+// New first reads the server's maxmemory-policy (CONFIG GET, on every
+// master of a Cluster) and fails with an error naming the policy if it is
+// not noeviction: any other policy lets Redis evict the lock's keys under
+// memory pressure and grant a key twice. Where CONFIG is refused (renamed,
+// or denied by an ACL) it logs one warning through the Locker's logger
+// and goes on. It fails with the error of a server it cannot reach.
+//
 // New subscribes to the prefix's channel before it returns (one round
 // trip, bounded by 10 s and by the client's dial and read timeouts) and
 // returns an error wrapping the cause if that fails; it starts three
@@ -163,6 +170,9 @@ func start(client redis.UniversalClient, prefix string, n int64, kind, stem stri
 	s := backend.NewSettings(opts)
 	s.TTL = ttlOf(s.TTL)
 	k := backend.New(backend.Config{Package: "redislock", Kind: kind, Size: n, DefaultName: stem}, s)
+	if err := checkEviction(client, s.Logger, k.Name()); err != nil { // policy.go
+		return nil, nil, err
+	}
 	var id [12]byte
 	rand.Read(id[:])
 	e := &engine{

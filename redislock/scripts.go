@@ -16,13 +16,14 @@ import (
 // costs one EVAL, not an error.
 //
 // A key's queue is a sorted set of entries, one per call (see keys.go for
-// the names), scored by the key's fencing counter at enqueue time, so its
-// order is arrival order. An entry is "sid|seq|mode|w|n": the session of
-// the Locker that made it, that Locker's call number, the mode (x
-// exclusive, r shared, u units of a semaphore, w a Wait), the units asked
-// (w) and the semaphore's size (n). Whether an entry holds the key is not
-// stored: it follows from the entries ahead of it (walk below), so a
-// grant is never a separate write that could be lost.
+// the names), scored by the call's fencing token, which the enqueue takes
+// above every score in the queue, so its order is arrival order. An entry
+// is "sid|seq|mode|w|n": the session of the Locker that made it, that
+// Locker's call number, the mode (x exclusive, r shared, u units of a
+// semaphore, w a Wait), the units asked (w) and the semaphore's size (n).
+// Whether an entry holds the key is not stored: it follows from the
+// entries ahead of it (walk below), so a grant is never a separate write
+// that could be lost.
 //
 // An entry lives while its session's marker on the key exists. A script
 // that walks the head of a queue removes the entries of sessions whose
@@ -114,6 +115,37 @@ end
 // semaphore entry of another size n. It is idempotent per entry: go-redis
 // sends a script again when its reply is lost (EOF, a read timeout), and a
 // run that finds its entry already queued reports it as the first run did.
+//
+// The token. A call's token is the largest of: the key's counter plus
+// one, the largest score in the queue plus one, and the server's clock in
+// microseconds (TIME); the counter is then set to it, with an expiry of
+// ten TTLs that each enqueue pushes back. The counter alone is not enough:
+// a server restarted from an RDB snapshot or from an append-only file
+// that lost its last second, or a replica promoted before it received
+// the latest scripts, has an older counter, and counting on from it would
+// hand out again tokens that were handed out before. The clock is the
+// floor that makes tokens keep growing across any such restore while the
+// server's clock goes forward: each token handed out was its server's
+// clock when the script ran, or the token before it plus one where two
+// calls on the key met within a microsecond (an enqueue runs for longer
+// than that, so a token leads the clock by a microsecond or so at most),
+// and the server that comes back reads a later clock. After a failover,
+// the new primary's clock must not be behind the old one's by more than
+// the time between the two grants. The counter keeps tokens strictly increasing
+// when the clock does not move between two calls or steps back, while
+// it lives; the queue's largest score keeps a new entry behind every
+// queued one even when the counter has expired or was lost, so that the
+// order of the queue is always the order of arrival. A counter that
+// expired with an idle key (keys.go) comes back from the clock, above
+// its old tokens unless the clock stepped back by more than the ten TTLs
+// the key was idle.
+//
+// The arithmetic is exact: Lua's numbers are doubles, exact for integers
+// below 2^53, and 2^53 µs is about 9.0e9 s after 1970, in the year 2255;
+// TIME's seconds times 10^6 is an integer product below that, tonumber
+// reads the counter's and the scores' decimal strings exactly, '%.0f'
+// writes an integral double exactly, and a sorted set's score is a
+// double too. The reply's token is converted to a Redis integer exactly.
 var enqueueScript = redis.NewScript(prelude + `
 local member, ttl, kind = ARGV[3], ARGV[4], ARGV[5]
 local sid, mode, w, n = parse(member)
@@ -157,12 +189,17 @@ if (kind == 't' and not now) or (kind == 'w' and total == 0) then
   return {2}
 end
 redis.call('SET', KEYS[3], '1', 'PX', ttl)
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-end
-local token = redis.call('INCR', KEYS[2])
-redis.call('ZADD', q, string.format('%.0f', token), member)
+-- The token: above the key's counter, above every entry queued, and not
+-- below the server's clock in microseconds (see the comment above).
+local t = redis.call('TIME')
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= token then token = last + 1 end
+local top = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+if top[2] and tonumber(top[2]) >= token then token = tonumber(top[2]) + 1 end
+local tok = string.format('%.0f', token)
+redis.call('SET', KEYS[2], tok, 'PX', string.format('%.0f', ttl * 10))
+redis.call('ZADD', q, tok, member)
 notify(before, g)
 if now then return {1, token, 1} end
 return {1, token, 0}
@@ -245,16 +282,52 @@ for _, m in ipairs(after) do res[#res + 1] = m end
 return res
 `)
 
-// renewScript renews a session's marker on one key. KEYS: marker, queue.
-// ARGV: TTL in ms, the session's entries the Locker believes present. It
+// renewScript renews a session's marker on one key and removes the
+// session's entries that its Locker no longer knows from the head of the
+// queue. KEYS: queue, marker. ARGV: marker prefix, channel, TTL in ms,
+// the cutoff, then the session's entries the Locker believes present. It
 // returns {-1} if the marker had expired (every entry of the session on
 // the key is dead, and it is not brought back), else {0, the entries
 // that are missing...}.
-var renewScript = redis.NewScript(`
-if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return {-1} end
+//
+// An entry the Locker no longer knows is one it released, or lost, or
+// gave up on, and that came back: from an RDB snapshot or an append-only
+// file taken before its release, or from a replica promoted before the
+// release reached it. Its session's marker is alive while the Locker has
+// other calls on the key, so no purge removes it, and it would block the
+// key for as long as the Locker lives (its own new calls queued behind
+// it). The renewal removes such an entry when it holds the key (the
+// prefix of the queue that walk grants, where an entry blocks others; an
+// entry further back is removed by the first renewal after it gets
+// there), so it stops blocking within one renewal period. It compares
+// only that head with the Locker's list, not the whole queue: the cost
+// per renewal is the head's, whatever the queue's length. The cutoff
+// keeps it from removing an entry whose enqueue is in flight (the
+// Locker cannot list it yet, and the script may overtake the renewal on
+// another connection): it removes only entries numbered at or below it
+// (the seq field, base 36), all of which the Locker either lists or no
+// longer waits for (see staleCutoffLocked).
+var renewScript = redis.NewScript(prelude + `
+local marker, ttl, cutoff = KEYS[2], ARGV[3], tonumber(ARGV[4])
+if redis.call('PEXPIRE', marker, ttl) == 0 then return {-1} end
 local res = {0}
-for i = 2, #ARGV do
-  if not redis.call('ZSCORE', KEYS[2], ARGV[i]) then res[#res + 1] = ARGV[i] end
+local known = {}
+for i = 5, #ARGV do
+  known[ARGV[i]] = true
+  if not redis.call('ZSCORE', q, ARGV[i]) then res[#res + 1] = ARGV[i] end
 end
+local sid = string.sub(marker, #mpre + 1)
+local before = walk(false)
+local head = walk(true)
+local stale = false
+for _, m in ipairs(head) do
+  local s, seq = string.match(m, '^([^|]+)|([^|]+)|')
+  if s == sid and not known[m] and tonumber(seq, 36) <= cutoff then
+    redis.call('ZREM', q, m)
+    stale = true
+  end
+end
+if stale then head = walk(true) end
+notify(before, head)
 return res
 `)

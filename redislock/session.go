@@ -21,6 +21,10 @@ import (
 // purged after the session expired): their grants are lost and their
 // queued calls queue again.
 //
+// The renewal also removes the session's entries that hold the key but
+// that no call of the Locker knows any more (a restore or a failover
+// brought them back: stale.go).
+//
 // Check re-reads, every third of the TTL, the queue of every key on which
 // this Locker has a waiting call (the check script, which also purges the
 // dead entries at its head): this is how a waiter learns that a holder
@@ -31,6 +35,7 @@ type renewal struct {
 	s       *backend.Session
 	key     string
 	members []string // the session's entries the Locker believes present
+	cutoff  uint64   // the highest entry number it may remove unlisted (stale.go)
 	cmd     *redis.Cmd
 }
 
@@ -39,14 +44,24 @@ type renewal struct {
 // leaves its sessions out of the result (failed).
 func (e *engine) Renew(ctx context.Context, ss []*backend.Session, _ int) []backend.Renewal {
 	jobs := make(map[*backend.Session]*renewal, len(ss))
-	for _, s := range ss {
-		jobs[s] = &renewal{s: s, key: s.ID()}
-	}
+	byKey := make(map[string]*renewal, len(ss))
 	mu := e.k.Mu()
 	mu.Lock()
+	cut := e.seq.Load()
+	for _, s := range ss {
+		j := &renewal{s: s, key: s.ID(), cutoff: cut}
+		jobs[s], byKey[j.key] = j, j
+	}
 	e.k.WrittenLocked(func(c *backend.Call) bool {
-		if j := jobs[c.Session()]; j != nil && c.Confirmed() {
-			j.members = append(j.members, c.ID())
+		switch {
+		case c.Confirmed():
+			if j := jobs[c.Session()]; j != nil {
+				j.members = append(j.members, c.ID())
+			}
+		case c.InFlight():
+			if j := byKey[c.Key()]; j != nil {
+				j.cutoff = inFlight(j.cutoff, c.ID())
+			}
 		}
 		return true
 	})
@@ -136,12 +151,7 @@ func (e *engine) pipeRenew(ctx context.Context, srv redis.Cmdable, js []*renewal
 	p := srv.Pipeline()
 	for _, j := range js {
 		n := namesOf(e.esc, j.key)
-		args := make([]any, 0, 1+len(j.members))
-		args = append(args, e.ttlMs)
-		for _, m := range j.members {
-			args = append(args, m)
-		}
-		j.cmd = renewScript.EvalSha(ctx, p, []string{n.markers + e.sid, n.queue}, args...)
+		j.cmd = renewScript.EvalSha(ctx, p, []string{n.queue, n.markers + e.sid}, e.renewArgs(n, j.cutoff, j.members)...)
 	}
 	sent = time.Now()
 	_, err = p.Exec(ctx)
