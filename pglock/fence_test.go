@@ -14,7 +14,7 @@ import (
 // guarded makes a table a test writes under the lock.
 func guarded(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
-	name := pgx.Identifier{"guarded_" + newSpace(t.Name()).channel}.Sanitize()
+	name := pgx.Identifier{"guarded_" + newSpace(t.Name()).channel + "_" + itoa64(prefixes.Add(1))}.Sanitize()
 	if _, err := pool.Exec(context.Background(), "CREATE TABLE "+name+" (token bigint, writer text)"); err != nil {
 		t.Fatal(err)
 	}

@@ -141,9 +141,9 @@ func closeConn(c *pgx.Conn) {
 type listener struct {
 	pool    *pgxpool.Pool
 	channel string
-	// check is how long the connection may sit idle before it is
-	// checked with a query: a connection that died silently (a peer gone
-	// without a reset) would otherwise never report an error.
+	// check (positive) is how long the connection may sit idle before
+	// it is checked with a query: a connection that died silently (a
+	// peer gone without a reset) would otherwise never report an error.
 	check time.Duration
 	// notice is called with the calls each notice names, in the order
 	// PostgreSQL delivered them (the order the transactions committed).

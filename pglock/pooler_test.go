@@ -45,7 +45,7 @@ func TestPoolerInTransactionMode(t *testing.T) {
 				closeConn(conn)
 			}
 			// Every other statement is one transaction, and works there.
-			s := newSpace(t.Name() + "/" + mode)
+			s := newSpace(t.Name() + "/" + mode + "#" + itoa64(prefixes.Add(1)))
 			sess := newSession(t, pool, s, testTTL)
 			holder, out1, token := mustEnqueue(t, pool, s, "k", sess, modeExclusive, 0, 0, false)
 			waiter, out2, _ := mustEnqueue(t, pool, s, "k", sess, modeExclusive, 0, 0, false)
@@ -70,7 +70,7 @@ func TestPoolerInTransactionMode(t *testing.T) {
 			t.Fatalf("LISTEN through session pooling: %v", err)
 		}
 		closeConn(conn)
-		s := newSpace(t.Name() + "/" + mode)
+		s := newSpace(t.Name() + "/" + mode + "#" + itoa64(prefixes.Add(1)))
 		n := listenTo(t, pool, s, testTTL)
 		sess := newSession(t, pool, s, testTTL)
 		holder, _, _ := mustEnqueue(t, pool, s, "k", sess, modeExclusive, 0, 0, false)

@@ -72,10 +72,12 @@ import "strconv"
 // The statement then computes the grants before its change (over the rows
 // as they were, dead ones included) and after it, and sends the rows
 // newly granted with pg_notify on the prefix's channel, as
-// "session:seq" words separated by spaces, at most noticeCalls of them per
-// notice (a payload holds under 8000 bytes). PostgreSQL delivers them when
-// the transaction commits, to every connection that LISTENs on the
-// channel (listen.go).
+// "session:seq" words separated by spaces in queue order, at most
+// noticeCalls of them per notice (a payload holds under 8000 bytes; the
+// order of the notices of one change is not promised). PostgreSQL
+// delivers them when the transaction commits, to every connection that
+// LISTENs on the channel (listen.go), in the order the transactions
+// committed.
 
 // noticeCalls is how many calls one notice names at most: a call is at
 // most 40 bytes ("session:seq", two int64s, and a space), and a payload
@@ -137,8 +139,8 @@ live AS (SELECT * FROM rows WHERE id NOT IN (SELECT id FROM gone)),
 ` + grantedSQL("before", "rows") + `,
 ` + grantedSQL("after", "live") + `,
 sent AS (
-    SELECT pg_notify($3, string_agg(session || ':' || seq, ' ')) FROM (
-        SELECT session, seq, (row_number() OVER (ORDER BY id) - 1) / ` + strconv.Itoa(noticeCalls) + ` AS chunk
+    SELECT pg_notify($3, string_agg(session || ':' || seq, ' ' ORDER BY id)) FROM (
+        SELECT id, session, seq, (row_number() OVER (ORDER BY id) - 1) / ` + strconv.Itoa(noticeCalls) + ` AS chunk
         FROM live WHERE id IN (SELECT id FROM after) AND id NOT IN (SELECT id FROM before)
     ) n GROUP BY chunk
 )`
