@@ -85,6 +85,7 @@ func (k *Core) Close(ctx context.Context) error {
 	if k.unreg != nil {
 		k.unreg()
 	}
+	k.reportLost()
 	if k.obs != nil {
 		// No report is in flight once obsGone is set: the observer hears
 		// nothing after Unregister.

@@ -86,6 +86,7 @@ type Core struct {
 	idle     chan struct{}       // cap 1: signalled when calls, grants or pending drops
 	doubles  int64               // Unlocks of a grant already unlocked
 	reentry  int64               // calls refused with ErrReentrant
+	lostN    int                 // grants lost and not yet reported to the Observer (reportLost)
 }
 
 // names counts the Lockers made per default-name stem.
@@ -138,14 +139,14 @@ func New(cfg Config, s Settings) *Core {
 // Observer and, with WithDebug, the debug registry.
 func (k *Core) Start(e Engine) {
 	k.engine = e
-	k.Go(k.renewLoop)
-	k.Go(k.janitorLoop)
 	if k.observe != nil {
 		k.obs = k.observe.Register(k.name, k.stats)
 	}
 	if k.debug {
 		k.unreg = k.register()
 	}
+	k.Go(k.renewLoop)
+	k.Go(k.janitorLoop)
 }
 
 // Abort stops what Go started, for a backend whose setup failed before
@@ -243,7 +244,37 @@ func (k *Core) loseLocked(c *Call, now time.Time) {
 	c.gone = true
 	k.uncountLocked(c)
 	if c.state == held && !c.releasing {
-		c.closeLost(now)
+		k.closeLostLocked(c, now)
 	}
 	c.signal()
+}
+
+// closeLostLocked closes c's Lost channel, once, and counts the loss for
+// the Observer: the renewal loop, woken here, reports it once the mutex
+// is released (an Observer's methods run outside the Locker's mutexes).
+// k.mu is held.
+func (k *Core) closeLostLocked(c *Call, now time.Time) {
+	if c.lostClosed {
+		return
+	}
+	c.closeLost(now)
+	if k.obs != nil {
+		k.lostN++
+		k.kickRenewal()
+	}
+}
+
+// reportLost reports the grants lost since the last call to the Observer:
+// one acquisition result fairlock.Lost each. It takes the Core's mutex.
+func (k *Core) reportLost() {
+	if k.obs == nil {
+		return
+	}
+	k.mu.Lock()
+	n := k.lostN
+	k.lostN = 0
+	k.mu.Unlock()
+	for range n {
+		k.report(errLost, 0, true)
+	}
 }

@@ -151,6 +151,7 @@ func (k *Core) renewLoop() {
 		}
 		now = time.Now()
 		k.expire(now)
+		k.reportLost()
 		if round != nil {
 			continue
 		}

@@ -167,11 +167,12 @@ func (c *Call) Unlock(ctx context.Context) error {
 	c.state = released
 	k.grants--
 	if gone {
-		c.closeLost(now)
+		k.closeLostLocked(c, now)
 	}
 	hold := now.Sub(c.grantedAt)
 	k.signalIdle()
 	k.mu.Unlock()
+	k.reportLost()
 	if k.obs != nil {
 		k.obsMu.RLock()
 		if !k.obsGone {

@@ -176,7 +176,7 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
 	defer cancel()
-	if err := e.leases.grant(ctx); err != nil {
+	if err := grantFirst(ctx, &e.leases, client.Endpoints()); err != nil {
 		k.Abort()
 		return nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}

@@ -67,6 +67,11 @@ end
 -- walk returns the entries that hold the key (a prefix of the queue:
 -- head-of-line) and the prefix's state. With purge it removes the entries
 -- of expired sessions that it meets, the first blocked entry included.
+-- A Wait ('w') whose turn has come (nothing granted ahead of it but
+-- other such Waits) is granted and transparent: it does not count in
+-- the prefix's state, so the entries behind it are judged as if it were
+-- gone, and one release frees every Wait behind it and the call behind
+-- them at once, before their Lockers remove their entries.
 local function walk(purge)
   local granted = {}
   local cnt, shared, units, sum = 0, true, true, 0
@@ -79,6 +84,9 @@ local function walk(purge)
       local sid, mode, w, n = parse(m)
       if purge and not live(sid) then
         redis.call('ZREM', q, m)
+      elseif mode == 'w' and cnt == 0 then
+        granted[#granted + 1] = m
+        i = i + 1
       elseif fits(cnt, shared, units, sum, mode, w, n) then
         granted[#granted + 1] = m
         cnt = cnt + 1
@@ -109,9 +117,10 @@ end
 
 // enqueueScript queues a call. KEYS: queue, counter, this session's
 // marker. ARGV: marker prefix, channel, entry, TTL in ms, kind ("l" queue,
-// "t" only if granted at once, "w" a Wait: nothing if the queue is empty).
-// It returns {1, token, granted (0/1)}; {0} for a Try that would wait;
-// {2} for a Wait on an empty queue; {-1, n} when the queue holds a
+// "t" only if granted at once, "w" a Wait: nothing if its turn would come
+// at once). It returns {1, token, granted (0/1)}; {0} for a Try that would
+// wait; {2} for a Wait whose turn would come at once (an empty queue, or
+// one of Waits whose turn has come); {-1, n} when the queue holds a
 // semaphore entry of another size n. It is idempotent per entry: go-redis
 // sends a script again when its reply is lost (EOF, a read timeout), and a
 // run that finds its entry already queued reports it as the first run did.
@@ -182,8 +191,11 @@ if mode == 'u' and total > 0 then
     return {-1, hn}
   end
 end
-local now = cnt == total and fits(cnt, shared, units, sum, mode, w, n)
-if (kind == 't' and not now) or (kind == 'w' and total == 0) then
+-- Granted at once: every entry is granted (transparent Waits included)
+-- and the new one fits beside them; a Wait, when only transparent Waits
+-- are granted.
+local now = #g == total and ((mode == 'w' and cnt == 0) or (mode ~= 'w' and fits(cnt, shared, units, sum, mode, w, n)))
+if (kind == 't' and not now) or (kind == 'w' and now) then
   notify(before, g)
   if kind == 't' then return {0} end
   return {2}
