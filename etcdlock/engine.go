@@ -63,6 +63,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	exclusive := want == claim{} || want.turn
 	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
 	rounds := 0    // and how many ranges it has judged
+	bound := attemptBound(e.k.TTL())
 	for {
 		s, ls, err := e.leases.current(ctx)
 		if err != nil {
@@ -71,23 +72,36 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		name := newName(e.root, c.Key(), ls.id, e.seq.Add(1), want)
 		c.Name(name)
 		put := clientv3.OpPut(name, e.value+c.Owner().String(), clientv3.WithLease(ls.id))
-		txn := e.client.Txn(ctx)
-		wrote := true
-		switch {
-		case c.Try() && exclusive:
-			txn = txn.If(free).Then(put)
-		case c.Try():
-			// Written only if no call joined the range after the
-			// revision it was judged at (seen; 0: only if it is empty);
-			// else the range comes back to be judged again.
-			unchanged := clientv3.Compare(clientv3.CreateRevision(r), "<", seen+1).WithPrefix()
-			txn = txn.If(unchanged).Then(put).Else(list)
-		case want.turn:
-			txn = txn.If(free).Else(put, list)
-		default:
-			txn = txn.Then(put, list)
+		build := func(tctx context.Context) clientv3.Txn {
+			txn := e.client.Txn(tctx)
+			switch {
+			case c.Try() && exclusive:
+				return txn.If(free).Then(put)
+			case c.Try():
+				// Written only if no call joined the range after the
+				// revision it was judged at (seen; 0: only if it is
+				// empty); else the range comes back to be judged again.
+				unchanged := clientv3.Compare(clientv3.CreateRevision(r), "<", seen+1).WithPrefix()
+				return txn.If(unchanged).Then(put).Else(list)
+			case want.turn:
+				return txn.If(free).Else(put, list)
+			}
+			return txn.Then(put, list)
 		}
-		resp, err := txn.Commit()
+		wrote := true
+		// One bounded try: a try that runs out of its bound (a member that
+		// stopped answering) has an unknown outcome, so its key goes to
+		// the janitor and the call queues again under a fresh name, on
+		// the connection the client's balancer picks next.
+		actx, cancel := context.WithTimeout(ctx, bound)
+		resp, err := build(actx).Commit()
+		hung := err != nil && actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if hung {
+			e.k.Cleanup(backend.Entry{Key: c.Key(), ID: name}, true)
+			bound = min(2*bound, backend.CleanupTimeout)
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				e.leases.failed(s)
@@ -224,9 +238,13 @@ func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{},
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(e.k.Closing(), stop)()
-	resp, err := e.client.Txn(ctx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
-		clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(want)))).Commit()
+	var resp *clientv3.TxnResponse
+	err := e.attempts(ctx, func(actx context.Context) (err error) {
+		resp, err = e.client.Txn(actx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
+			clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(want)))).Commit()
+		return err
+	})
 	switch {
 	case err != nil && e.client.Ctx().Err() != nil:
 		return nil, backend.Final(err)
@@ -263,12 +281,33 @@ func (e *engine) UnwatchLocked(c *backend.Call) {
 // creation revision with the grant's, so it deletes only this grant's
 // key, never a later grant's, even if retried late (the failure of
 // etcd-io/etcd#22082).
+//
+// Each try is bounded and a try that runs out of its bound is retried
+// (attempts); a retry that finds the key gone while the grant's lease is
+// alive reports it removed: the try whose reply never came deleted it.
 func (e *engine) Release(ctx context.Context, c *backend.Call) (bool, error) {
-	resp, err := e.client.Txn(ctx).If(isOwner(c.ID(), int64(c.Token()))).Then(clientv3.OpDelete(c.ID())).Commit()
+	name, rev := c.ID(), int64(c.Token())
+	var removed, retried bool
+	err := e.attempts(ctx, func(actx context.Context) error {
+		resp, err := e.client.Txn(actx).If(isOwner(name, rev)).Then(clientv3.OpDelete(name)).Commit()
+		if err != nil {
+			retried = true
+			return err
+		}
+		removed = resp.Succeeded
+		return nil
+	})
 	if err != nil {
 		return false, err
 	}
-	return resp.Succeeded, nil
+	if !removed && retried {
+		mu := e.k.Mu()
+		mu.Lock()
+		s := c.Session()
+		removed = s != nil && !s.Ended()
+		mu.Unlock()
+	}
+	return removed, nil
 }
 
 // Remove deletes an entry's key if its creation revision is the entry's
@@ -287,8 +326,10 @@ func (e *engine) deleteKey(ctx context.Context, name string, rev int64) error {
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(name), ">", 0)
 	}
-	_, err := e.client.Txn(dctx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
-	return err
+	return e.attempts(dctx, func(actx context.Context) error {
+		_, err := e.client.Txn(actx).If(cmp).Then(clientv3.OpDelete(name)).Commit()
+		return err
+	})
 }
 
 // Check does nothing: the watch delivers every deletion, a lease's expiry
@@ -341,6 +382,36 @@ func refused(err error) bool {
 // kit bounds renewals the same way).
 func renewBound(ttl time.Duration) time.Duration {
 	return max(ttl/6, 250*time.Millisecond)
+}
+
+// attemptBound is how long one try of a request (an enqueueing
+// transaction, a release, a read, a deletion) may take at first before it
+// is given up and retried: a request routed to a member that stopped
+// answering (a blackholed path: nothing fails, nothing arrives) would
+// otherwise wait for the caller's context. It is the renewals' bound
+// (renewBound), doubled after each try that ran out of it, up to
+// CleanupTimeout, so that a slow quorum that answers is not given up on
+// again and again.
+func attemptBound(ttl time.Duration) time.Duration { return renewBound(ttl) }
+
+// attempts runs try with a context bounded by attemptBound, and runs it
+// again, at once and with twice the bound, while a try ran out of its
+// bound and ctx has not ended: the client's round-robin balancer sends the
+// next try on its next connection. It returns the first try's result that
+// did not run out of its bound, or the last error once ctx ends. try must
+// be safe to repeat.
+func (e *engine) attempts(ctx context.Context, try func(context.Context) error) error {
+	bound := attemptBound(e.k.TTL())
+	for {
+		actx, cancel := context.WithTimeout(ctx, bound)
+		err := try(actx)
+		hung := err != nil && actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if !hung {
+			return err
+		}
+		bound = min(2*bound, backend.CleanupTimeout)
+	}
 }
 
 // claimOf is what c asks for, as its key's name records it (keys.go).

@@ -219,7 +219,11 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	if ctx == nil {
 		panic("etcdlock: Locked with a nil context")
 	}
-	resp, err := l.e.client.Get(ctx, rangeOf(l.e.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	var resp *clientv3.GetResponse
+	err := l.e.attempts(ctx, func(actx context.Context) (err error) {
+		resp, err = l.e.client.Get(actx, rangeOf(l.e.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	})
 	if err != nil {
 		return false, backend.CallError(ctx, "Locked", key, err)
 	}

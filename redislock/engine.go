@@ -95,6 +95,9 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		[]string{n.queue, n.counter, n.markers + e.sid},
 		n.markers, e.channel, member, e.ttlMs, kind).Int64Slice()
 	if err != nil {
+		if unsent(err) {
+			return backend.Enqueued{}, backend.Unwritten(err)
+		}
 		return backend.Enqueued{}, err
 	}
 	r := backend.Enqueued{Sent: sent, Renewed: true, Session: e.k.Session(key)}

@@ -248,6 +248,14 @@ type noRetryCmd struct{ *redis.Cmd }
 
 func (noRetryCmd) NoRetry() bool { return true }
 
+// unsent reports whether err shows that a command never left: no
+// connection from the pool in time, or a failed dial. Any other error
+// leaves its outcome unknown.
+func unsent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, redis.ErrPoolTimeout) || (errors.As(err, &op) && op.Op == "dial")
+}
+
 // runOnce runs the script src (whose SHA1 is s's) as Script.Run does,
 // EVALSHA then EVAL after NOSCRIPT, but with each run at most once: it is
 // sent again only after an error that shows it never left (no connection
@@ -266,9 +274,7 @@ func runOnce(ctx context.Context, c redis.UniversalClient, s *redis.Script, src 
 		for try := 0; ; try++ {
 			cmd = redis.NewCmd(ctx, a...)
 			err := c.Process(ctx, noRetryCmd{cmd})
-			var op *net.OpError
-			unsent := errors.Is(err, redis.ErrPoolTimeout) || (errors.As(err, &op) && op.Op == "dial")
-			if !unsent || try == 3 || ctx.Err() != nil {
+			if !unsent(err) || try == 3 || ctx.Err() != nil {
 				return cmd
 			}
 		}
