@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -22,16 +23,17 @@ import (
 
 // engine is a Locker's or Semaphore's Redis protocol.
 type engine struct {
-	k       *backend.Core
-	client  redis.UniversalClient
-	esc     string // escape(prefix)
-	channel string // where grants are announced
-	units   int64  // the semaphore's n; 0 for a Locker
-	ttlMs   string // the TTL in ms, as the scripts take it
-	sid     string // the session id: random, hex
-	pubsub  *redis.PubSub
-	seq     atomic.Uint64 // numbers the entries this Locker writes
-	stray   sync.WaitGroup
+	k        *backend.Core
+	client   redis.UniversalClient
+	esc      string // escape(prefix)
+	channel  string // where grants are announced
+	units    int64  // the semaphore's n; 0 for a Locker
+	ttlMs    string // the TTL in ms, as the scripts take it
+	sid      string // the session id: random, hex
+	pubsub   *redis.PubSub
+	replicas replicas      // WithReplicas: n 0 for none
+	seq      atomic.Uint64 // numbers the entries this Locker writes
+	stray    sync.WaitGroup
 }
 
 // The modes of an entry, as the scripts spell them.
@@ -91,9 +93,16 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	mu.Unlock()
 	n := namesOf(e.esc, key)
 	sent := time.Now()
-	v, err := enqueueScript.Run(ctx, e.client,
-		[]string{n.queue, n.counter, n.markers + e.sid},
-		n.markers, e.channel, member, e.ttlMs, kind).Int64Slice()
+	keys := []string{n.queue, n.counter, n.markers + e.sid}
+	args := []any{n.markers, e.channel, member, e.ttlMs, kind}
+	var v []int64
+	var err error
+	acks := int64(-1)
+	if e.replicas.n > 0 {
+		v, acks, err = e.enqueueWait(ctx, key, keys, args)
+	} else {
+		v, err = enqueueScript.Run(ctx, e.client, keys, args...).Int64Slice()
+	}
 	if err != nil {
 		if unsent(err) {
 			return backend.Enqueued{}, backend.Unwritten(err)
@@ -102,6 +111,10 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	}
 	r := backend.Enqueued{Sent: sent, Renewed: true, Session: e.k.Session(key)}
 	switch status := v[0]; {
+	case status == 1 && len(v) == 3 && acks >= 0 && acks < int64(e.replicas.n):
+		// Written, but not known to survive a failover: not granted. The
+		// kit removes the named entry (an error leaves it to the janitor).
+		return backend.Enqueued{}, fmt.Errorf("%w: the enqueue reached %d of %d replicas within %v", ErrNotReplicated, acks, e.replicas.n, e.replicas.timeout)
 	case status == 1 && len(v) == 3:
 		r.Token, r.Granted = uint64(v[1]), v[2] == 1
 	case status == 0:
@@ -114,6 +127,42 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		return backend.Enqueued{}, fmt.Errorf("redislock: unexpected reply %v from the enqueue script", v)
 	}
 	return r, nil
+}
+
+// enqueueWait runs the enqueueing script and WAIT in one pipeline on the
+// server that holds key's slot (one connection: WAIT counts the
+// replicas' acknowledgements of that connection's writes), and returns
+// the script's reply and the number of replicas that acknowledged it.
+func (e *engine) enqueueWait(ctx context.Context, key string, keys []string, args []any) ([]int64, int64, error) {
+	srv, err := e.serverOf(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	run := func() (*redis.Cmd, *redis.Cmd, error) {
+		p := srv.Pipeline()
+		cmd := enqueueScript.EvalSha(ctx, p, keys, args...)
+		wait := p.Do(ctx, "WAIT", e.replicas.n, e.replicas.timeout.Milliseconds())
+		_, err := p.Exec(ctx)
+		return cmd, wait, err
+	}
+	cmd, wait, err := run()
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if err = enqueueScript.Load(ctx, srv).Err(); err == nil {
+			cmd, wait, err = run()
+		}
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		if cmd.Err() != nil {
+			return nil, 0, cmd.Err()
+		}
+		return nil, 0, err
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	acks, err := wait.Int64()
+	return v, acks, err
 }
 
 // Release runs the release script for c's entry, once (runOnce: a second

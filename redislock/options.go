@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"errors"
 	"log/slog"
 	"time"
 
@@ -69,3 +70,37 @@ func WithLogger(l *slog.Logger) Option { return backend.WithLogger(l) }
 func ttlOf(d time.Duration) time.Duration {
 	return max(d.Round(time.Millisecond), 10*time.Millisecond)
 }
+
+// WithReplicas makes every grant and every session renewal count only
+// once n replicas of the Redis primary acknowledged it: the enqueueing
+// script and each round of renewals are followed, on the same connection
+// and in the same round trip, by WAIT n timeout. An enqueue that fewer
+// than n replicas acknowledged within timeout fails the call with an
+// error wrapping ErrNotReplicated (its entry is removed), and a renewal
+// that fewer acknowledged does not move the grant's Deadline, so a
+// holder whose replicas stopped acknowledging sees Lost close at its
+// Deadline rather than hold a grant a failover could forget. A failover
+// to a replica that acknowledged can then neither grant a key twice nor
+// hand a token out again; this is what Redisson does by default when
+// replicas exist, and what redsync, bsm/redislock and rueidislock do not
+// (docs/distributed.md, "Redis"). It costs each enqueue and renewal the
+// replicas' acknowledgement, up to timeout: keep timeout well below a
+// sixth of the TTL (a renewal round's bound). n <= 0 turns it off (the
+// default); timeout is rounded to whole milliseconds, at least 1. It
+// applies to a single primary with replicas (Sentinel's failover client
+// included); on a Cluster each master's own replicas acknowledge its
+// keys.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return backend.EngineOption(replicas{n: n, timeout: max(timeout.Round(time.Millisecond), time.Millisecond)})
+}
+
+// replicas is WithReplicas's setting.
+type replicas struct {
+	n       int
+	timeout time.Duration
+}
+
+// ErrNotReplicated is wrapped by the error of a call that fewer replicas
+// than WithReplicas asks for acknowledged within its timeout: it was not
+// granted (its entry was removed), and may be retried.
+var ErrNotReplicated = errors.New("redislock: not acknowledged by the replicas WithReplicas asks for")

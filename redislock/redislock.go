@@ -184,6 +184,11 @@ func start(client redis.UniversalClient, prefix string, n int64, kind, stem stri
 		sid:    hex.EncodeToString(id[:]),
 	}
 	e.channel = "{" + e.esc + "}grants"
+	for _, v := range s.Engine {
+		if r, ok := v.(replicas); ok {
+			e.replicas = r
+		}
+	}
 	if err := e.subscribe(); err != nil {
 		k.Abort()
 		return nil, nil, err

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -153,10 +154,24 @@ func (e *engine) pipeRenew(ctx context.Context, srv redis.Cmdable, js []*renewal
 		n := namesOf(e.esc, j.key)
 		j.cmd = renewScript.EvalSha(ctx, p, []string{n.queue, n.markers + e.sid}, e.renewArgs(n, j.cutoff, j.members)...)
 	}
+	var wait *redis.Cmd
+	if e.replicas.n > 0 {
+		wait = p.Do(ctx, "WAIT", e.replicas.n, e.replicas.timeout.Milliseconds())
+	}
 	sent = time.Now()
 	_, err = p.Exec(ctx)
 	if errors.Is(err, redis.Nil) {
 		err = nil
+	}
+	if wait != nil && err == nil {
+		if acks, werr := wait.Int64(); werr != nil || acks < int64(e.replicas.n) {
+			// Not acknowledged: the renewals do not count (the kit keeps
+			// the old deadlines), as if they had failed.
+			failed := fmt.Errorf("%w: a renewal reached %d of %d replicas within %v", ErrNotReplicated, acks, e.replicas.n, e.replicas.timeout)
+			for _, j := range js {
+				j.cmd.SetErr(failed)
+			}
+		}
 	}
 	return sent, err
 }
