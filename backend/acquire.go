@@ -180,9 +180,11 @@ func (k *Core) run(ctx context.Context, c *Call) error {
 			r.Session.extend(r.Sent, 0)
 		}
 		c.granted = c.granted || r.Granted
-		gate := k.engine.WatchLocked(c)
-		if gate != nil {
-			c.refresh = true
+		var gate <-chan struct{}
+		if k.watcher != nil {
+			if gate = k.watcher.WatchLocked(c); gate != nil {
+				c.refresh = true
+			}
 		}
 		k.mu.Unlock()
 		err = k.wait(ctx, c, gate)
@@ -229,7 +231,7 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 		}
 		k.mu.Unlock()
 		if refresh {
-			g, err := k.engine.Refresh(ctx, c)
+			g, err := k.watcher.Refresh(ctx, c)
 			switch {
 			case err == nil:
 				retry.Reset()

@@ -40,7 +40,10 @@ type Config struct {
 // Core is not usable.
 type Core struct {
 	engine  Engine
-	pkg     string // Config.Package
+	watcher Watcher      // engine, if it is one
+	checker Checker      // engine, if it is one
+	ender   SessionEnder // engine, if it is one
+	pkg     string       // Config.Package
 	kind    string
 	size    int64
 	name    string
@@ -139,6 +142,9 @@ func New(cfg Config, s Settings) *Core {
 // Observer and, with WithDebug, the debug registry.
 func (k *Core) Start(e Engine) {
 	k.engine = e
+	k.watcher, _ = e.(Watcher)
+	k.checker, _ = e.(Checker)
+	k.ender, _ = e.(SessionEnder)
 	if k.observe != nil {
 		k.obs = k.observe.Register(k.name, k.stats)
 	}
@@ -214,8 +220,8 @@ func (k *Core) forgetLocked(c *Call) {
 // retireLocked takes c's current entry out of the kit's books: its id, its
 // session's count, the engine's watch. k.mu is held.
 func (k *Core) retireLocked(c *Call) {
-	if k.engine != nil {
-		k.engine.UnwatchLocked(c)
+	if k.watcher != nil {
+		k.watcher.UnwatchLocked(c)
 	}
 	if c.id != "" && k.ids[c.id] == c {
 		delete(k.ids, c.id)

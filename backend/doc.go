@@ -36,15 +36,20 @@
 //   - Renew: renew sessions, saying for each when the confirmed renewal
 //     was sent, the TTL granted, and which entries are gone (removed by
 //     someone else, or purged because their session had expired).
-//   - Notices: deliver grants to the calls waiting in this process (by id
-//     with Core.Granted, or by judging each call's turn and calling
-//     Core.GrantLocked), and losses (Core.LoseLocked), without polling;
-//     WatchLocked, Refresh and UnwatchLocked bracket them per call.
-//   - Check: read a key's queue again, purging the entries of dead
-//     sessions, to cover a notice lost while its channel was down and a
-//     holder that died (the kit calls it every third of the TTL while
-//     calls wait, and after Core.Reread).
 //   - Shutdown: end the engine's sessions and goroutines at Close.
+//
+// and for notices, one of two ways. An engine that names in its notices
+// the entries a change granted (a Redis announcement, a PostgreSQL
+// NOTIFY) hands them to Core.Granted, and implements Checker: Check reads
+// a key's queue again, purging the entries of dead sessions, to cover a
+// notice lost while its channel was down and a holder that died (the kit
+// calls it every third of the TTL while calls wait, and after
+// Core.Reread). An engine that judges each waiting call's turn itself
+// from what it sees change (etcd's watch of the keys ahead) implements
+// Watcher: WatchLocked, Refresh and UnwatchLocked bracket each call, and
+// it calls Core.GrantLocked, LoseLocked and RefreshLocked. An engine whose
+// sessions must be replaced when they end (a new etcd lease) implements
+// SessionEnder.
 //
 // Liveness must follow the engine's clock alone: an entry whose session
 // the engine has expired is dead, and the engine's own rules purge it

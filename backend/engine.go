@@ -6,42 +6,23 @@ import (
 )
 
 // Engine is what a backend provides: its engine's protocol, and nothing
-// else. The kit calls it; methods whose names end in Locked are called
-// with the Core's mutex held and must neither block nor call back into
-// the kit's locking methods (they may call the kit's ...Locked methods).
-// The others are called without it, from the call's goroutine or one of
-// the kit's, and may make round trips; each must return once its ctx
-// ends. The package doc lists what each must guarantee.
+// else. The kit calls it, without its mutex held, from the call's
+// goroutine or one of the kit's; each method may make round trips and
+// must return once its ctx ends. An engine may also implement Watcher,
+// Checker and SessionEnder. The package doc lists what each must
+// guarantee.
 type Engine interface {
 	// Enqueue writes c's entry at the back of its key's queue (for a Try
-	// form, only if it would be granted at once; for a Turn, only if the
-	// queue is not empty) and reports the outcome. It calls c.Name with
-	// the entry's id before it sends the write. It returns
+	// form, only if it would be granted at once; for a Turn, only if its
+	// turn would not come at once) and reports the outcome. It calls
+	// c.Name with the entry's id before it sends the write. It returns
 	// fairlock.ErrWouldBlock for a Try form that would wait, SizeError
 	// for a semaphore of another size, Unwritten(err) for any failure
 	// known to have written nothing, and any other error for an unknown
 	// outcome (the kit then removes the named entry should it show up).
-	// ctx is the call's, detached from its cancellation and bounded: the
-	// kit gives up on it at the call's end and lets it finish.
+	// ctx is the call's, detached from its cancellation: the kit gives up
+	// on it at the call's end and lets it finish, for a bounded time.
 	Enqueue(ctx context.Context, c *Call) (Enqueued, error)
-
-	// WatchLocked starts delivering c's grant, once c's entry is
-	// confirmed (recorded from Enqueue's reply). If the engine cannot
-	// tell yet (its notices are down), it returns a channel closed once
-	// it can; the kit then calls Refresh. Otherwise it returns nil, and
-	// a grant arrives as GrantLocked or Granted, a loss as LoseLocked,
-	// a need to read the queue again as RefreshLocked.
-	WatchLocked(c *Call) <-chan struct{}
-
-	// Refresh reads c's queue again and watches it from there, as
-	// WatchLocked: it returns a channel to wait on before another
-	// Refresh, or nil. ErrGone: c's entry is gone. Final(err): c fails
-	// with err. Any other error is retried with backoff.
-	Refresh(ctx context.Context, c *Call) (<-chan struct{}, error)
-
-	// UnwatchLocked stops delivering anything for c's current entry: it
-	// is released, cancelled, or queued again.
-	UnwatchLocked(c *Call)
 
 	// Release removes the entry of c, a held grant, and grants the calls
 	// it was blocking. removed reports whether the entry was there and
@@ -64,26 +45,56 @@ type Engine interface {
 	// renewals on more than one connection.
 	Renew(ctx context.Context, ss []*Session, attempt int) []Renewal
 
-	// Check reads again the queues of the waiting calls (one per key at
-	// most is given: its key's first waiting call), purging the entries
-	// of dead sessions the engine's own rules can see, and reports what
-	// it finds through Granted and Lose. The kit calls it every third of
-	// the TTL while calls wait, and after Reread. An engine whose
-	// notices cover every change may do nothing.
-	Check(ctx context.Context, waiting []*Call)
-
-	// SessionEndedLocked tells the engine that s ended (expired,
-	// reported gone by Renew, or ended by the engine itself with
-	// EndSessionLocked): its calls are lost. It is called once per
-	// session.
-	SessionEndedLocked(s *Session)
-
 	// Shutdown is Close's last step, once every call has ended and the
 	// kit's goroutines have stopped: it ends the engine's own goroutines
 	// and sessions, and returns the entries in left (every entry the
 	// Locker still had) that it could not make sure are gone, which the
 	// kit then removes; all within ctx.
 	Shutdown(ctx context.Context, left []Entry) (remaining []Entry, err error)
+}
+
+// A Watcher is an Engine that judges each waiting call's turn itself
+// (etcd: from the deletions of the keys ahead of it) rather than name
+// the granted entries in its notices (Core.Granted). Its methods are
+// called with the Core's mutex held, except Refresh; they must not block
+// nor call the kit's locking methods (they may call its ...Locked ones).
+type Watcher interface {
+	// WatchLocked starts delivering c's grant, once c's entry is
+	// confirmed (recorded from Enqueue's reply). If the engine cannot
+	// tell yet (its notices are down), it returns a channel closed once
+	// it can; the kit then calls Refresh. Otherwise it returns nil, and
+	// a grant arrives as GrantLocked, a loss as LoseLocked, a need to
+	// read the queue again as RefreshLocked.
+	WatchLocked(c *Call) <-chan struct{}
+
+	// Refresh reads c's queue again and watches it from there, as
+	// WatchLocked: it returns a channel to wait on before another
+	// Refresh, or nil. ErrGone: c's entry is gone. Final(err): c fails
+	// with err. Any other error is retried with backoff.
+	Refresh(ctx context.Context, c *Call) (<-chan struct{}, error)
+
+	// UnwatchLocked stops delivering anything for c's current entry: it
+	// is released, cancelled, or queued again.
+	UnwatchLocked(c *Call)
+}
+
+// A Checker is an Engine whose notices can be lost (a subscription that
+// was down) or cannot cover a holder that died: the kit calls Check every
+// third of the TTL while calls wait, and after Core.Reread.
+type Checker interface {
+	// Check reads again the queues of the waiting calls (one per key at
+	// most is given: its key's first waiting call), purging the entries
+	// of dead sessions the engine's own rules can see, and reports what
+	// it finds through Granted and Lose.
+	Check(ctx context.Context, waiting []*Call)
+}
+
+// A SessionEnder is an Engine that must hear when one of its sessions
+// ends (expired, reported gone by Renew, or ended by the engine itself
+// with EndSessionLocked), to replace it: etcd grants a new lease. It is
+// called once per session, with the Core's mutex held.
+type SessionEnder interface {
+	SessionEndedLocked(s *Session)
 }
 
 // Enqueued is the outcome of a write that queued a call (Engine.Enqueue).

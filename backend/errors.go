@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"unicode/utf8"
 
 	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
@@ -96,26 +94,6 @@ func lostError(err error) error {
 	return fmt.Errorf("%w; removing its entry failed: %w", fairlock.ErrLost, err)
 }
 
-// logKeyMax is how many bytes of a key a log record shows.
-const logKeyMax = 256
-
-// LogKey returns key for a log record: whole, or, if longer than
-// logKeyMax, its first bytes and its size (a key too large for the engine
-// must not fill the log), as fairlock's errors render keys.
-func LogKey(key string) string {
-	if len(key) <= logKeyMax {
-		return key
-	}
-	n := logKeyMax
-	for n > logKeyMax-utf8.UTFMax && !utf8.RuneStart(key[n]) {
-		n--
-	}
-	return key[:n] + "… (" + strconv.Itoa(len(key)) + " bytes)"
-}
-
-// errLost is what Unlock wraps for a grant lost before it was released.
-var errLost = fairlock.ErrLost
-
 // CallError is the error of a backend's own call on key that failed with
 // err (Locked, say): a *fairlock.LockError naming op, the key and the
 // owner of ctx, wrapping the context's error (with its cause) if ctx is
@@ -123,3 +101,6 @@ var errLost = fairlock.ErrLost
 func CallError(ctx context.Context, op, key string, err error) error {
 	return lockError(op, key, owner.Of(ctx), callError(ctx, err))
 }
+
+// errLost is what Unlock wraps for a grant lost before it was released.
+var errLost = fairlock.ErrLost

@@ -75,8 +75,8 @@ func (k *Core) EndSessionLocked(s *Session) int {
 			n++
 		}
 	}
-	if k.engine != nil {
-		k.engine.SessionEndedLocked(s)
+	if k.ender != nil {
+		k.ender.SessionEndedLocked(s)
 	}
 	return n
 }
@@ -305,10 +305,10 @@ func (k *Core) check() {
 		}
 	}
 	k.mu.Unlock()
-	if len(waiting) == 0 {
+	if len(waiting) == 0 || k.checker == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(k.bg, k.ttl/3) // one bound for the round
 	defer cancel()
-	k.engine.Check(ctx, waiting)
+	k.checker.Check(ctx, waiting)
 }

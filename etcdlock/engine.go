@@ -332,10 +332,6 @@ func (e *engine) deleteKey(ctx context.Context, name string, rev int64) error {
 	})
 }
 
-// Check does nothing: the watch delivers every deletion, a lease's expiry
-// included, and a restarted watch rebuilds from a listing (hub.go).
-func (e *engine) Check(context.Context, []*backend.Call) {}
-
 // Shutdown revokes the current lease, which deletes every key still
 // attached to it, and returns the entries of other leases for the kit's
 // last removals.
@@ -426,3 +422,6 @@ func (e *engine) claimOf(c *backend.Call) claim {
 	}
 	return claim{}
 }
+
+var _ backend.Watcher = (*engine)(nil)
+var _ backend.SessionEnder = (*engine)(nil)

@@ -97,8 +97,8 @@ const startTimeout = 10 * time.Second
 // watch that does not answer (hub.go: a member that stopped answering
 // without closing the connection).
 type Locker struct {
-	k *backend.Core
-	e *engine
+	backend.Locker // Lock, TryLock, RLock, TryRLock, Wait, Close
+	e              *engine
 }
 
 var (
@@ -136,17 +136,22 @@ var errClosed = fairlock.ErrClosed
 // client gives up); it starts four goroutines that Close stops. The
 // client must stay open until Close has returned.
 func New(client *clientv3.Client, prefix string, opts ...Option) (*Locker, error) {
-	return newLocker("New", client, prefix, 0, opts)
+	k, e, err := start("New", client, prefix, 0, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Locker{backend.NewLocker(k, guardOf), e}, nil
 }
 
-// newLocker is New, and NewSemaphore's Locker when size > 0; op names the
+// start makes the core and engine of New's Locker, or NewSemaphore's
+// when size > 0, grants its lease and starts its watch; op names the
 // call in errors.
-func newLocker(op string, client *clientv3.Client, prefix string, size int64, opts []Option) (*Locker, error) {
+func start(op string, client *clientv3.Client, prefix string, size int64, opts []Option) (*backend.Core, *engine, error) {
 	if client == nil {
-		return nil, errors.New("etcdlock: " + op + ": nil client")
+		return nil, nil, errors.New("etcdlock: " + op + ": nil client")
 	}
 	if prefix == "" || rootOf(prefix) == "/" {
-		return nil, fmt.Errorf("etcdlock: %s: prefix %q is empty or only slashes", op, prefix)
+		return nil, nil, fmt.Errorf("etcdlock: %s: prefix %q is empty or only slashes", op, prefix)
 	}
 	s := backend.NewSettings(opts)
 	s.TTL = ttlSeconds(s.TTL)
@@ -169,8 +174,7 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 		ch: make(chan struct{}), replace: make(chan struct{}, 1),
 	}
 	e.hub = hub{
-		mu: k.Mu(), client: client, root: e.root, ttl: s.TTL, bg: k.Background(),
-		logger: s.Logger, name: k.Name(), k: k, judge: e.judgeLocked,
+		mu: k.Mu(), client: client, root: e.root, k: k, judge: e.judgeLocked,
 	}
 	e.hub.init()
 
@@ -178,7 +182,7 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 	defer cancel()
 	if err := grantFirst(ctx, &e.leases, client.Endpoints()); err != nil {
 		k.Abort()
-		return nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
+		return nil, nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}
 	ready := e.hub.readyCh()
 	k.Go(e.leases.loop)
@@ -190,16 +194,10 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(client.Ctx()), backend.CleanupTimeout)
 		e.leases.revokeWith(rctx, e.leases.cur)
 		rcancel()
-		return nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, e.root, ctx.Err())
+		return nil, nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, e.root, ctx.Err())
 	}
 	k.Start(e)
-	return &Locker{k, e}, nil
-}
-
-// ttlSeconds rounds d up to whole seconds, at least one: etcd's unit.
-func ttlSeconds(d time.Duration) time.Duration {
-	s := (d + time.Second - 1) / time.Second
-	return max(s, 1) * time.Second
+	return k, e, nil
 }
 
 // leaseOf returns the lease segment (hex) of one of a Locker's etcd key
@@ -229,23 +227,3 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	return resp.Count > 0, nil
 }
-
-// Close closes the Locker. Later calls (Lock, TryLock, RLock, TryRLock,
-// Wait) return ErrClosed, and queued calls wake with ErrClosed, deleting
-// their keys.
-// Close then waits until every grant has been unlocked or ctx is done.
-// Then it stops the Locker's goroutines and revokes its lease, which
-// deletes every key the Locker still had in etcd, and makes a last try
-// at deletions that failed earlier: the two together are bounded by 5 s
-// on a context of their own. When Close returns, the Locker has nothing
-// under the prefix, or, if etcd could not be reached, only keys that
-// expire with the lease's TTL. Grants still held at that point are lost: their Lost
-// channels close and their Unlock returns ErrLost. Close unregisters the
-// Locker from the debug registry and its Observer.
-//
-// Close returns nil, or an error wrapping ctx's error that says how many
-// grants were still held, or the revoke's error. It is safe to call more
-// than once and concurrently; a later call waits for the first to finish
-// and returns nil, or an error wrapping its own ctx's error if that ends
-// first. A nil ctx means context.Background.
-func (l *Locker) Close(ctx context.Context) error { return l.k.Close(ctx) }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -26,6 +27,9 @@ import (
 // is 0, Lost is nil.
 type Guard backend.Call
 
+// guardOf is a grant as the Lease this package returns.
+func guardOf(c *backend.Call) keylock.Lease { return (*Guard)(c) }
+
 // call returns the kit's record behind g.
 func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
 
@@ -41,6 +45,23 @@ func (g *Guard) Key() string { return g.call().Key() }
 // Tokens of different keys are revisions of one etcd cluster and are
 // comparable with each other too. A nil Guard's token is 0.
 func (g *Guard) Token() uint64 { return g.call().Token() }
+
+// IsOwner returns the etcd comparison that holds while this grant is
+// current: its key exists with its creation revision. Put it in the If of
+// a transaction that writes what the lock protects,
+//
+//	resp, err := client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut(k, v)).Commit()
+//	// !resp.Succeeded: the grant was lost; nothing was written
+//
+// and the write happens only if the grant is still held when etcd applies
+// it, whatever the clocks and pauses. A nil Guard's comparison never
+// holds.
+func (g *Guard) IsOwner() clientv3.Cmp {
+	if g == nil {
+		return clientv3.Compare(clientv3.CreateRevision("\x00etcdlock: no grant"), "=", -1)
+	}
+	return isOwner(g.call().ID(), int64(g.Token()))
+}
 
 // Lost returns a channel that is closed when the grant is lost while it
 // is held: its key was deleted by someone else, its lease expired or was
@@ -78,23 +99,6 @@ func (g *Guard) Deadline() time.Time { return g.call().Deadline() }
 // trip: ownership is this process's bookkeeping (the key's value in etcd
 // keeps the owner that took it).
 func (g *Guard) HandOff(to owner.ID) bool { return g.call().HandOff(to) }
-
-// IsOwner returns the etcd comparison that holds while this grant is
-// current: its key exists with its creation revision. Put it in the If of
-// a transaction that writes what the lock protects,
-//
-//	resp, err := client.Txn(ctx).If(g.IsOwner()).Then(clientv3.OpPut(k, v)).Commit()
-//	// !resp.Succeeded: the grant was lost; nothing was written
-//
-// and the write happens only if the grant is still held when etcd applies
-// it, whatever the clocks and pauses. A nil Guard's comparison never
-// holds.
-func (g *Guard) IsOwner() clientv3.Cmp {
-	if g == nil {
-		return clientv3.Compare(clientv3.CreateRevision("\x00etcdlock: no grant"), "=", -1)
-	}
-	return isOwner(g.call().ID(), int64(g.Token()))
-}
 
 // Unlock releases the grant: it deletes the grant's key in one
 // transaction that compares the key's creation revision with the

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,11 +74,7 @@ type deletion struct {
 type hub struct {
 	mu     *sync.Mutex // the Locker's mu
 	client *clientv3.Client
-	root   string          // the Locker's rootOf(prefix): the prefix watched
-	ttl    time.Duration   // the Locker's lease TTL, which sets probeBound
-	bg     context.Context // the Locker's background context: ends watchLoop
-	logger *slog.Logger
-	name   string        // the Locker's name, for the log
+	root   string        // the Locker's rootOf(prefix): the prefix watched
 	k      *backend.Core // the Locker's core: its calls, and their grants and losses
 	// judge grants a call whose keys ahead leave room for it, or has it
 	// read its queue again (engine.judgeLocked).
@@ -330,9 +325,9 @@ var watchSeq atomic.Uint64
 // deletions until h.bg ends. It runs in its own goroutine.
 func (h *hub) watchLoop() {
 	retry := backend.NewBackoff()
-	base := probeBound(h.ttl)
+	base := probeBound(h.k.TTL())
 	bound := base
-	for h.bg.Err() == nil {
+	for h.k.Background().Err() == nil {
 		h.mu.Lock()
 		gate := h.watchGate
 		h.watchGate = nil
@@ -340,11 +335,11 @@ func (h *hub) watchLoop() {
 		if gate != nil {
 			select {
 			case <-gate:
-			case <-h.bg.Done():
+			case <-h.k.Background().Done():
 				return
 			}
 		}
-		parent, cancel := context.WithCancel(h.bg)
+		parent, cancel := context.WithCancel(h.k.Background())
 		h.mu.Lock()
 		h.watchCancel = cancel
 		h.mu.Unlock()
@@ -367,7 +362,7 @@ func (h *hub) watchLoop() {
 			h.ready = make(chan struct{})
 		}
 		h.mu.Unlock()
-		if h.bg.Err() != nil {
+		if h.k.Background().Err() != nil {
 			return
 		}
 		stalled := errors.Is(err, errWatchStalled)
@@ -375,13 +370,13 @@ func (h *hub) watchLoop() {
 			bound = min(bound+base, backend.CleanupTimeout)
 		}
 		if err != nil {
-			h.logger.Warn("etcdlock: watch ended; restarting it", "locker", h.name, "prefix", h.root, "error", err)
+			h.k.Logger().Warn("etcdlock: watch ended; restarting it", "locker", h.k.Name(), "prefix", h.root, "error", err)
 		} else {
-			h.logger.Info("etcdlock: watch closed; restarting it", "locker", h.name, "prefix", h.root)
+			h.k.Logger().Info("etcdlock: watch closed; restarting it", "locker", h.k.Name(), "prefix", h.root)
 		}
 		// A watch that did not answer has had its wait: the next goes
 		// out at once, on another connection.
-		if !stalled && !retry.Wait(h.bg) {
+		if !stalled && !retry.Wait(h.k.Background()) {
 			return
 		}
 	}

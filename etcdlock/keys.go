@@ -4,8 +4,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
+	"github.com/fairlock/fairlock/backend"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -45,24 +45,7 @@ import (
 // beside a call it cannot read (an older release reads a Wait's name so).
 
 // escapeKey returns k with '%' and '/' percent-encoded.
-func escapeKey(k string) string {
-	if !strings.ContainsAny(k, "%/") {
-		return k
-	}
-	var b strings.Builder
-	b.Grow(len(k) + 8)
-	for i := 0; i < len(k); i++ {
-		switch c := k[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '/':
-			b.WriteString("%2F")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
+func escapeKey(k string) string { return backend.Escape(k, "/") }
 
 // UnescapeKey returns the key whose calls queue under the etcd key name,
 // which must be one of a Locker's keys (prefix/<escaped key>/<id>), and
@@ -78,46 +61,7 @@ func UnescapeKey(prefix, name string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	if !strings.Contains(esc, "%") {
-		return esc, true
-	}
-	var b strings.Builder
-	for i := 0; i < len(esc); i++ {
-		if esc[i] != '%' {
-			b.WriteByte(esc[i])
-			continue
-		}
-		if i+2 >= len(esc) {
-			return "", false
-		}
-		switch esc[i+1 : i+3] {
-		case "25":
-			b.WriteByte('%')
-		case "2F":
-			b.WriteByte('/')
-		default:
-			return "", false
-		}
-		i += 2
-	}
-	return b.String(), true
-}
-
-// logNameMax is how many bytes of an etcd key a log record shows.
-const logNameMax = 256
-
-// logName returns the etcd key name for a log record: whole, or, if
-// longer than logNameMax, its first bytes and its size (a key too large
-// for etcd must not fill the log), as fairlock's errors render keys.
-func logName(name string) string {
-	if len(name) <= logNameMax {
-		return name
-	}
-	n := logNameMax
-	for n > logNameMax-utf8.UTFMax && !utf8.RuneStart(name[n]) {
-		n--
-	}
-	return name[:n] + "… (" + strconv.Itoa(len(name)) + " bytes)"
+	return backend.Unescape(esc, "/")
 }
 
 // rootOf returns the etcd key prefix of a Locker made with prefix: prefix

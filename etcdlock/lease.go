@@ -282,3 +282,35 @@ func (lk *leaseKeeper) revokeWith(ctx context.Context, ls *lease) error {
 	}
 	return err
 }
+
+// probeTimeout bounds each endpoint's dial in grantFirst.
+const probeTimeout = 3 * time.Second
+
+// grantFirst grants the Locker's first lease, or fails with the cause
+// when no endpoint can be dialled. The etcd client dials in the
+// background and retries a request that finds no connection until the
+// request's context ends, so against an unreachable cluster New would
+// wait for its whole bound and return only "context deadline exceeded":
+// grantFirst races the grant with a plain TCP dial of every endpoint
+// (backend.Reachable) and gives up at once with the dials' errors.
+func grantFirst(ctx context.Context, lk *leaseKeeper, endpoints []string) error {
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	granted := make(chan error, 1)
+	go func() { granted <- lk.grant(gctx) }()
+	unreachable := make(chan error, 1)
+	go func() { unreachable <- backend.Reachable(gctx, endpoints, probeTimeout) }()
+	select {
+	case err := <-granted:
+		return err
+	case err := <-unreachable:
+		if err == nil {
+			return <-granted // an endpoint answers: the grant decides
+		}
+		cancel()
+		if gerr := <-granted; gerr == nil {
+			return nil // granted all the same, just in time
+		}
+		return err
+	}
+}

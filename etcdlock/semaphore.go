@@ -1,11 +1,9 @@
 package etcdlock
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -39,7 +37,8 @@ import (
 // Make one with NewSemaphore; the zero Semaphore is not usable. All
 // methods are safe for concurrent use.
 type Semaphore struct {
-	l *Locker
+	backend.Semaphore // Acquire, TryAcquire, Close
+	e                 *engine
 }
 
 // NewSemaphore returns a Semaphore of n units per key whose keys live
@@ -54,56 +53,9 @@ func NewSemaphore(client *clientv3.Client, prefix string, n int64, opts ...Optio
 	if n < 1 {
 		return nil, fmt.Errorf("etcdlock: NewSemaphore: %d units per key: want at least 1", n)
 	}
-	l, err := newLocker("NewSemaphore", client, prefix, n, opts)
+	k, e, err := start("NewSemaphore", client, prefix, n, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{l: l}, nil
-}
-
-// Acquire takes w units of key for the owner of ctx and returns the grant,
-// a *Guard, whose Unlock gives them back. It queues behind every call on
-// the key, in this process or any other on the prefix, and blocks until
-// the units of every call ahead of it plus w fit in n: it never
-// overtakes, even a larger request that does not fit yet. An uncontended
-// Acquire is one round trip (a transaction that writes the call's key
-// and reads the keys ahead of it); a queued one is granted without
-// another round trip when the calls ahead release enough.
-//
-// It returns a nil Lease and a *fairlock.LockError naming the key and
-// owner, wrapping:
-//   - fairlock.ErrInvalidWeight at once, with nothing written, if w < 1 or
-//     w > n; or if a Semaphore with another n keeps the key (its call is
-//     the oldest on it: the message names both sizes; the call's own key
-//     is deleted);
-//   - fairlock.ErrReentrant at once if the owner holds units of key
-//     through this Semaphore;
-//   - the context's error, fairlock.ErrClosed or etcd's error, as Lock.
-func (s *Semaphore) Acquire(ctx context.Context, key string, w int64) (keylock.Lease, error) {
-	return asLease(s.locker("Acquire").k.Acquire(ctx, "Acquire", key, backend.Units, w, false))
-}
-
-// TryAcquire takes w units of key if the units of every call on it, held
-// or queued, in any process, plus w fit in n; otherwise it returns an
-// error wrapping fairlock.ErrWouldBlock and has written nothing. It never
-// overtakes a queued call. On a free key it is one round trip; beside
-// other holders, two (see Locker.TryRLock). It fails like Acquire
-// otherwise.
-func (s *Semaphore) TryAcquire(ctx context.Context, key string, w int64) (keylock.Lease, error) {
-	return asLease(s.locker("TryAcquire").k.Acquire(ctx, "TryAcquire", key, backend.Units, w, true))
-}
-
-// Close closes the Semaphore as Locker.Close closes a Locker: later
-// calls and queued ones fail with fairlock.ErrClosed, Close waits until
-// ctx ends for the units held to be given back, then revokes the lease.
-func (s *Semaphore) Close(ctx context.Context) error { return s.locker("Close").Close(ctx) }
-
-// locker returns the Semaphore's Locker; on a Semaphore not made by
-// NewSemaphore it panics, naming the call, rather than fail somewhere
-// inside.
-func (s *Semaphore) locker(op string) *Locker {
-	if s == nil || s.l == nil {
-		panic("etcdlock: Semaphore." + op + " on a Semaphore not made by NewSemaphore")
-	}
-	return s.l
+	return &Semaphore{backend.NewSemaphore(k, guardOf), e}, nil
 }

@@ -12,18 +12,18 @@ import (
 func init() {
 	testhook.PauseWatch = func(l any) func() {
 		if s, ok := l.(*Semaphore); ok {
-			return pauseWatch(s.l)
+			return pauseWatch(s.e)
 		}
-		return pauseWatch(l.(*Locker))
+		return pauseWatch(l.(*Locker).e)
 	}
 }
 
 // pauseWatch is testhook.PauseWatch (see there): it cancels the watch
 // behind a gate that watchLoop waits on before it watches again, and
 // polls until the hub reports the watch down.
-func pauseWatch(l *Locker) (resume func()) {
+func pauseWatch(e *engine) (resume func()) {
 	gate := make(chan struct{})
-	h := &l.e.hub
+	h := &e.hub
 	h.mu.Lock()
 	h.watchGate = gate
 	cancel := h.watchCancel

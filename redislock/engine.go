@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/fairlock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -118,7 +119,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	case status == 1 && len(v) == 3:
 		r.Token, r.Granted = uint64(v[1]), v[2] == 1
 	case status == 0:
-		return backend.Enqueued{}, backend.Unwritten(errWouldBlock)
+		return backend.Enqueued{}, backend.Unwritten(fairlock.ErrWouldBlock)
 	case status == 2:
 		r.Free = true
 	case status == -1 && len(v) == 2:
@@ -208,22 +209,11 @@ func (e *engine) check(ctx context.Context, key, member string) (present bool, n
 	return p == 1, n, holders, nil
 }
 
-// WatchLocked does nothing: the subscription delivers every grant.
-func (e *engine) WatchLocked(*backend.Call) <-chan struct{} { return nil }
-
-// Refresh is never asked for: the check round re-reads waiting calls.
-func (e *engine) Refresh(context.Context, *backend.Call) (<-chan struct{}, error) { return nil, nil }
-
-// UnwatchLocked does nothing: notices are dispatched by entry.
-func (e *engine) UnwatchLocked(*backend.Call) {}
-
-// SessionEndedLocked does nothing: the next enqueue on the key sets the
-// marker again, removing the dead session's entries first.
-func (e *engine) SessionEndedLocked(*backend.Session) {}
-
 // Shutdown waits for stray renewals and leaves every entry to the kit's
 // last removals; the markers die with their TTL.
 func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.Entry, error) {
 	e.stray.Wait()
 	return left, nil
 }
+
+var _ backend.Checker = (*engine)(nil)

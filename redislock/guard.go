@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -15,6 +17,9 @@ import (
 // concurrent use, and Unlock may be called from any goroutine. A nil
 // *Guard holds nothing: Unlock does nothing, Token is 0, Lost is nil.
 type Guard backend.Call
+
+// guardOf is a grant as the Lease this package returns.
+func guardOf(c *backend.Call) keylock.Lease { return (*Guard)(c) }
 
 // call returns the kit's record behind g.
 func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
@@ -107,3 +112,12 @@ func (g *Guard) HandOff(to owner.ID) bool { return g.call().HandOff(to) }
 // session ended while Unlock ran, returns an error wrapping both ErrLost
 // and the failure. Either way the Guard is released.
 func (g *Guard) Unlock(ctx context.Context) error { return g.call().Unlock(ctx) }
+
+// ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
+// that Guard.Unlock returns for a grant that was lost before it was
+// unlocked: its session expired on the server, its entry was removed by
+// someone else, or the Locker could not renew the session for about a TTL
+// (see Guard.Lost). Another process may have held the key since: anything
+// written under the grant must be checked with its fencing token. It is
+// fairlock.ErrLost, the sentinel every backend wraps.
+var ErrLost = fairlock.ErrLost

@@ -1,6 +1,6 @@
 package redislock
 
-import "strings"
+import "github.com/fairlock/fairlock/backend"
 
 // The key layout. A Locker (or Semaphore) with prefix P keeps, for a lock
 // key k, three kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
@@ -36,28 +36,7 @@ import "strings"
 // idle for ten TTLs at least.
 
 // escape percent-encodes '%', '/', '{' and '}'.
-func escape(s string) string {
-	if !strings.ContainsAny(s, "%/{}") {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '/':
-			b.WriteString("%2F")
-		case '{':
-			b.WriteString("%7B")
-		case '}':
-			b.WriteString("%7D")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
+func escape(s string) string { return backend.Escape(s, "/{}") }
 
 // QueueKey returns the Redis key of the queue of key under prefix: a
 // sorted set with one member per call holding or queued, in arrival

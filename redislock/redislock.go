@@ -59,7 +59,6 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/redis/go-redis/v9"
 )
@@ -85,8 +84,8 @@ const startTimeout = 10 * time.Second
 // round is in flight, and one goroutine per enqueueing script still
 // running for a call that returned. Close stops them all.
 type Locker struct {
-	k *backend.Core
-	e *engine
+	backend.Locker // Lock, TryLock, RLock, TryRLock, Wait, Close
+	e              *engine
 }
 
 // Semaphore is a keyed weighted semaphore of n units per key, head-of-line
@@ -94,8 +93,8 @@ type Locker struct {
 // and n. Make one with NewSemaphore. It is a keylock.Semaphore; every
 // Lease it returns is a *Guard. It holds what a Locker holds.
 type Semaphore struct {
-	k *backend.Core
-	e *engine
+	backend.Semaphore // Acquire, TryAcquire, Close
+	e                 *engine
 }
 
 var (
@@ -103,18 +102,6 @@ var (
 	_ keylock.Semaphore = (*Semaphore)(nil)
 	_ keylock.Lease     = (*Guard)(nil)
 )
-
-// ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
-// that Guard.Unlock returns for a grant that was lost before it was
-// unlocked: its session expired on the server, its entry was removed by
-// someone else, or the Locker could not renew the session for about a TTL
-// (see Guard.Lost). Another process may have held the key since: anything
-// written under the grant must be checked with its fencing token. It is
-// fairlock.ErrLost, the sentinel every backend wraps.
-var ErrLost = fairlock.ErrLost
-
-// errWouldBlock is a Try form's refusal, before it is wrapped.
-var errWouldBlock = fairlock.ErrWouldBlock
 
 // New returns a Locker whose queues live under prefix in the Redis that
 // client talks to. Lockers in any number of processes that use the same
@@ -140,7 +127,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) (*Locker, 
 	if err != nil {
 		return nil, fmt.Errorf("redislock: New: %w", err)
 	}
-	return &Locker{k, e}, nil
+	return &Locker{backend.NewLocker(k, guardOf), e}, nil
 }
 
 // NewSemaphore returns a Semaphore of n units per key whose queues live
@@ -156,7 +143,7 @@ func NewSemaphore(client redis.UniversalClient, prefix string, n int64, opts ...
 	if err != nil {
 		return nil, fmt.Errorf("redislock: NewSemaphore: %w", err)
 	}
-	return &Semaphore{k, e}, nil
+	return &Semaphore{backend.NewSemaphore(k, guardOf), e}, nil
 }
 
 // start makes a Locker's or Semaphore's core and engine and subscribes.
@@ -237,7 +224,7 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	var n int64
 	var err, cerr error // n, cerr: written by the goroutine, read only once it returned
-	if l.k.Bounded(ctx, func() { _, n, _, cerr = l.e.check(ctx, key, "") }) {
+	if l.Core().Bounded(ctx, func() { _, n, _, cerr = l.e.check(ctx, key, "") }) {
 		err = cerr
 	} else {
 		err = ctx.Err()
@@ -247,24 +234,3 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	return n > 0, nil
 }
-
-// Close closes the Locker. Later calls return ErrClosed, and queued calls
-// wake with ErrClosed, removing their entries. Close then waits until
-// every grant has been unlocked or ctx is done. Then it stops the
-// Locker's goroutines and removes the entries of grants still held (they
-// are lost: their Lost channels close and their Unlock returns ErrLost)
-// and makes a last try at removals that failed earlier, all bounded by
-// 5 s on a context of its own. When Close returns, the Locker has no
-// entry in Redis, or, if Redis could not be reached, only entries that
-// die with its session's TTL. It unregisters the Locker from the debug
-// registry and its Observer.
-//
-// Close returns nil, or an error wrapping ctx's error that says how many
-// grants were still held, or the error of a removal that failed. It is
-// safe to call more than once and concurrently; a later call waits for
-// the first to finish and returns nil, or an error wrapping its own ctx's
-// error if that ends first. A nil ctx means context.Background.
-func (l *Locker) Close(ctx context.Context) error { return l.k.Close(ctx) }
-
-// Close closes the Semaphore, as Locker.Close.
-func (s *Semaphore) Close(ctx context.Context) error { return s.k.Close(ctx) }
