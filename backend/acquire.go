@@ -72,19 +72,6 @@ func (k *Core) Acquire(ctx context.Context, op string, key string, mode Mode, w 
 	return c, nil
 }
 
-// report tells the Observer, if there is one, how a call that asks for a
-// key ended and how long it waited.
-func (k *Core) report(err error, waited time.Duration, acquires bool) {
-	if k.obs == nil || !acquires {
-		return
-	}
-	k.obsMu.RLock()
-	if !k.obsGone {
-		k.obs.Acquire(fairlock.ResultOf(err), waited)
-	}
-	k.obsMu.RUnlock()
-}
-
 // begin checks a call against local state and records it: a done ctx, a
 // closed Locker and a reentrant owner fail at once.
 func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w int64, try bool) (*Call, error) {

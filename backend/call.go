@@ -12,17 +12,6 @@ import (
 // (Core.Acquire); engines read them and keep their own state beside them
 // (SetData).
 
-// Mode is what a call asks for.
-type Mode uint8
-
-// The modes.
-const (
-	Exclusive Mode = iota // Lock, TryLock: the only holder
-	Shared                // RLock, TryRLock: one of any number of readers
-	Units                 // Semaphore.Acquire, TryAcquire: Call.Weight of the Core's Size units
-	Turn                  // Locker.Wait: a zero-length exclusive turn, holding nothing
-)
-
 // String returns the debug registry's name of the mode.
 func (m Mode) String() string {
 	switch m {
@@ -34,61 +23,6 @@ func (m Mode) String() string {
 		return registry.Wait
 	}
 	return registry.Exclusive
-}
-
-// The states of a call. A call is queued from its start until it is
-// granted (held) or ends without a grant (released); a grant is held
-// until Unlock, a loss, Close, or, for a Turn, the instant it is taken.
-type state uint8
-
-const (
-	queued state = iota
-	held
-	released
-)
-
-// Entry names one call's record in its engine: its key, the id the
-// engine wrote it under (Call.Name), and its fencing token (0 if not
-// known: an enqueue whose outcome is unknown).
-type Entry struct {
-	Key   string
-	ID    string
-	Token uint64
-}
-
-// Call is one Lock, TryLock, RLock, TryRLock, Wait, Acquire or TryAcquire
-// of this process, from its start until its grant is released: the kit's
-// record of it, which engines read and annotate. A granted call is the
-// grant itself: its Lease methods (Unlock, Key, Token, Lost, Deadline,
-// HandOff) are what a backend's Guard forwards to. Fields marked so are
-// guarded by the Core's mutex (Core.Mu).
-type Call struct {
-	core  *Core
-	key   string
-	mode  Mode
-	w     int64 // units asked for (1 outside a Semaphore)
-	try   bool
-	since time.Time     // when the call began
-	lost  chan struct{} // closed when a held grant is lost
-	sem   chan struct{} // cap 1: one Unlock at a time
-	wake  chan struct{} // cap 1: there is news for the waiting call
-
-	// Guarded by the Core's mutex.
-	owner      owner.ID
-	id         string   // the entry's id in the engine (Name)
-	token      uint64   // the entry's fencing token
-	session    *Session // the session whose renewals keep the entry
-	data       any      // the engine's state for the call
-	state      state
-	grantedAt  time.Time
-	ended      time.Time // when Unlock began or the grant was lost: Deadline from then on
-	confirmed  bool      // the enqueue's reply arrived: the entry was written
-	counted    bool      // the call counts in its session's calls
-	granted    bool      // the entry holds the key (reply or notice)
-	gone       bool      // the entry is gone, or its session is
-	refresh    bool      // the engine asked for a re-read (Refresh)
-	releasing  bool      // Unlock has begun
-	lostClosed bool      // lost is closed
 }
 
 // Key returns the key the call is for.
@@ -178,3 +112,21 @@ func (c *Call) closeLost(now time.Time) {
 		}
 	}
 }
+
+// Queued reports whether c is still waiting for its grant: not granted,
+// not gone, not released. The Core's mutex must be held.
+func (c *Call) Queued() bool { return c.state == queued && !c.granted && !c.gone }
+
+// Confirmed reports whether c's entry was written (its enqueue's reply
+// arrived), is not known to be gone, and is not yet released: an entry
+// the engine renews. The Core's mutex must be held.
+func (c *Call) Confirmed() bool { return c.confirmed && !c.gone && c.state != released }
+
+// InFlight reports whether c's entry is named and its write not yet
+// answered: it may be in the engine, or land later. The Core's mutex must
+// be held.
+func (c *Call) InFlight() bool { return !c.confirmed && c.state == queued && c.id != "" }
+
+// Held reports whether c is a grant not yet released. The Core's mutex
+// must be held.
+func (c *Call) Held() bool { return c.state == held }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/ctxerr"
-	"github.com/fairlock/fairlock/fairlock"
 )
 
 // Round trips apart from a call's context. A write that queues a call
@@ -19,47 +18,6 @@ import (
 // context's deadline to a connection's reads only with
 // ContextTimeoutEnabled; otherwise a server that hangs holds a call for
 // the client's ReadTimeout, whatever its context).
-
-var errClosed = fairlock.ErrClosed
-
-// bounded runs fn, which makes round trips with ctx, on a goroutine of its
-// own and waits for it until ctx is done; it reports whether fn returned.
-// The goroutine counts as pending, so Close waits for it.
-func (k *Core) bounded(ctx context.Context, fn func()) bool {
-	k.mu.Lock()
-	k.pending++
-	k.mu.Unlock()
-	return k.within(ctx, func() {
-		fn()
-		k.mu.Lock()
-		k.pending--
-		k.signalIdle()
-		k.mu.Unlock()
-	})
-}
-
-// within runs fn on a goroutine of its own and waits for it until ctx is
-// done; it reports whether fn returned. Close does not wait for it: it is
-// an Unlock's round trip, whose grant Close counts, and gives up on, as
-// a grant.
-func (k *Core) within(ctx context.Context, fn func()) bool {
-	done := make(chan struct{})
-	go func() {
-		fn()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		select {
-		case <-done:
-			return true
-		default:
-			return false
-		}
-	}
-}
 
 // enqueuedResult is what a background write hands its call.
 type enqueuedResult struct {
@@ -155,10 +113,3 @@ func (k *Core) undo(e Entry, r Enqueued, err error) {
 		k.remove(e)
 	}
 }
-
-// Bounded runs fn, which makes round trips with ctx, on a goroutine of
-// its own and waits for it until ctx is done; it reports whether fn
-// returned (if not, fn's results must not be read: it is still running).
-// Close waits for fn. It is how a backend bounds its own calls (Locked)
-// where its client may not honour a context.
-func (k *Core) Bounded(ctx context.Context, fn func()) bool { return k.bounded(ctx, fn) }

@@ -26,12 +26,6 @@ const CleanupTimeout = 5 * time.Second
 // janitor keeps removing its entry, in case the write is applied late.
 const unknownGrace = time.Minute
 
-// cleanup is an entry the janitor removes.
-type cleanup struct {
-	entry Entry
-	until time.Time // keep removing until then (a write that may still land); zero: once
-}
-
 // Cleanup records that e must be removed and wakes the janitor; unknown
 // says the write of e has an unknown outcome, so its removal is repeated
 // for a grace period in case the write lands late. Engines call it for

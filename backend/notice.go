@@ -76,21 +76,3 @@ func (k *Core) WrittenLocked(fn func(c *Call) bool) {
 		}
 	}
 }
-
-// Queued reports whether c is still waiting for its grant: not granted,
-// not gone, not released. The Core's mutex must be held.
-func (c *Call) Queued() bool { return c.state == queued && !c.granted && !c.gone }
-
-// Confirmed reports whether c's entry was written (its enqueue's reply
-// arrived), is not known to be gone, and is not yet released: an entry
-// the engine renews. The Core's mutex must be held.
-func (c *Call) Confirmed() bool { return c.confirmed && !c.gone && c.state != released }
-
-// InFlight reports whether c's entry is named and its write not yet
-// answered: it may be in the engine, or land later. The Core's mutex must
-// be held.
-func (c *Call) InFlight() bool { return !c.confirmed && c.state == queued && c.id != "" }
-
-// Held reports whether c is a grant not yet released. The Core's mutex
-// must be held.
-func (c *Call) Held() bool { return c.state == held }

@@ -91,14 +91,6 @@ func (k *Core) Reread() {
 	}
 }
 
-// kickRenewal wakes the renewal loop to recompute when it is next due.
-func (k *Core) kickRenewal() {
-	select {
-	case k.renewKick <- struct{}{}:
-	default:
-	}
-}
-
 // roundResult is what a round of renewals tells the loop.
 type roundResult struct {
 	hung bool // the round ran out of its bound

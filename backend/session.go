@@ -18,20 +18,6 @@ import "time"
 // drift between this process and the engine's server: a tenth.
 func margin(ttl time.Duration) time.Duration { return ttl / 10 }
 
-// Session is one session of a Locker in its engine. Engines make them
-// (Core.Session, Core.StartSession), and the kit renews them (Engine.Renew)
-// and ends them. Fields are guarded by the Core's mutex.
-type Session struct {
-	id         string
-	persistent bool          // renewed while the Locker is open, calls or not
-	ttl        time.Duration // the TTL the engine granted last
-	deadline   time.Time     // zero until a write or renewal set it
-	next       time.Time     // when the next renewal is due
-	calls      int           // confirmed calls on it, not released
-	ended      bool
-	data       any
-}
-
 // ID returns the id the engine gave the session.
 func (s *Session) ID() string { return s.id }
 

@@ -357,12 +357,6 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 	return rest, nil
 }
 
-// isOwner is the etcd comparison that holds while the key name exists
-// with creation revision rev.
-func isOwner(name string, rev int64) clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
-}
-
 // refused reports whether err says that a request was not applied: the
 // lease it names is gone, the request is larger than the server takes
 // (or the client sends: gRPC's ResourceExhausted, raised before a byte
@@ -371,13 +365,6 @@ func isOwner(name string, rev int64) clientv3.Cmp {
 func refused(err error) bool {
 	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrRequestTooLarge) ||
 		status.Code(err) == codes.ResourceExhausted
-}
-
-// renewBound is how long one Grant attempt may take at first before it
-// is given up and retried: a sixth of the TTL, and at least 250 ms (the
-// kit bounds renewals the same way).
-func renewBound(ttl time.Duration) time.Duration {
-	return max(ttl/6, 250*time.Millisecond)
 }
 
 // attemptBound is how long one try of a request (an enqueueing
@@ -425,3 +412,39 @@ func (e *engine) claimOf(c *backend.Call) claim {
 
 var _ backend.Watcher = (*engine)(nil)
 var _ backend.SessionEnder = (*engine)(nil)
+
+// Renew sends the renewal of each session's lease: one KeepAliveOnce, or,
+// in a round after one that ran out of its bound, two at once (each on
+// the connection the client's balancer picks next); the first answer
+// that settles it wins.
+func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) []backend.Renewal {
+	out := make([]backend.Renewal, 0, len(ss))
+	for _, s := range ss {
+		e.k.Mu().Lock()
+		ls, _ := s.Data().(*lease)
+		e.k.Mu().Unlock()
+		if ls == nil {
+			continue
+		}
+		n := 1
+		if attempt > 0 {
+			n = 2
+		}
+		sent := time.Now()
+		resp, err := e.leases.renew(ctx, ls.id, n)
+		r := backend.Renewal{Session: s, Sent: sent}
+		switch {
+		case err == nil && resp.TTL > 0:
+			r.TTL = time.Duration(resp.TTL) * time.Second
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			r.Expired = true
+		default:
+			r.Err = err
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// SessionEndedLocked gives up the lease of s (leaseKeeper.endedLocked).
+func (e *engine) SessionEndedLocked(s *backend.Session) { e.leases.endedLocked(s) }

@@ -63,7 +63,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -102,9 +101,8 @@ type Locker struct {
 }
 
 var (
-	_ keylock.RWLocker  = (*Locker)(nil)
-	_ keylock.Semaphore = (*Semaphore)(nil)
-	_ keylock.Lease     = (*Guard)(nil)
+	_ keylock.RWLocker = (*Locker)(nil)
+	_ keylock.Lease    = (*Guard)(nil)
 )
 
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
@@ -114,10 +112,6 @@ var (
 // Guard.Lost). Another process may have held the key since; anything
 // written under the grant must be checked with its fencing token.
 var ErrLost = fairlock.ErrLost
-
-// errClosed is what a call on a closed Locker fails with, before it is
-// wrapped.
-var errClosed = fairlock.ErrClosed
 
 // New returns a Locker whose keys live under prefix in the etcd cluster
 // that client talks to. Lockers in any number of processes that use the
@@ -198,14 +192,6 @@ func start(op string, client *clientv3.Client, prefix string, size int64, opts [
 	}
 	k.Start(e)
 	return k, e, nil
-}
-
-// leaseOf returns the lease segment (hex) of one of a Locker's etcd key
-// names (keys.go).
-func leaseOf(name string) string {
-	last := name[strings.LastIndexByte(name, '/')+1:]
-	id, _, _ := strings.Cut(last, "-")
-	return id
 }
 
 // Locked reports whether key has a holder or a queued call in any process

@@ -202,3 +202,17 @@ func (c claim) otherSize(oldest int64) int64 {
 	}
 	return 0
 }
+
+// isOwner is the etcd comparison that holds while the key name exists
+// with creation revision rev.
+func isOwner(name string, rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(name), "=", rev)
+}
+
+// leaseOf returns the lease segment (hex) of one of a Locker's etcd key
+// names (keys.go).
+func leaseOf(name string) string {
+	last := name[strings.LastIndexByte(name, '/')+1:]
+	id, _, _ := strings.Cut(last, "-")
+	return id
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/ctxerr"
+	"github.com/fairlock/fairlock/fairlock"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -177,42 +178,6 @@ func (lk *leaseKeeper) loop() {
 	}
 }
 
-// Renew sends the renewal of each session's lease: one KeepAliveOnce, or,
-// in a round after one that ran out of its bound, two at once (each on
-// the connection the client's balancer picks next); the first answer
-// that settles it wins.
-func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) []backend.Renewal {
-	out := make([]backend.Renewal, 0, len(ss))
-	for _, s := range ss {
-		e.k.Mu().Lock()
-		ls, _ := s.Data().(*lease)
-		e.k.Mu().Unlock()
-		if ls == nil {
-			continue
-		}
-		n := 1
-		if attempt > 0 {
-			n = 2
-		}
-		sent := time.Now()
-		resp, err := e.leases.renew(ctx, ls.id, n)
-		r := backend.Renewal{Session: s, Sent: sent}
-		switch {
-		case err == nil && resp.TTL > 0:
-			r.TTL = time.Duration(resp.TTL) * time.Second
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
-			r.Expired = true
-		default:
-			r.Err = err
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// SessionEndedLocked gives up the lease of s (leaseKeeper.endedLocked).
-func (e *engine) SessionEndedLocked(s *backend.Session) { e.leases.endedLocked(s) }
-
 // renew sends n renewals of id at once and returns the first answer that
 // settles it: a renewal, or the server's word that the lease is gone;
 // else, once all have failed, the last error. It cancels and waits for
@@ -314,3 +279,14 @@ func grantFirst(ctx context.Context, lk *leaseKeeper, endpoints []string) error 
 		return err
 	}
 }
+
+// renewBound is how long one Grant attempt may take at first before it
+// is given up and retried: a sixth of the TTL, and at least 250 ms (the
+// kit bounds renewals the same way).
+func renewBound(ttl time.Duration) time.Duration {
+	return max(ttl/6, 250*time.Millisecond)
+}
+
+// errClosed is what a call on a closed Locker fails with, before it is
+// wrapped.
+var errClosed = fairlock.ErrClosed

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -59,3 +60,5 @@ func NewSemaphore(client *clientv3.Client, prefix string, n int64, opts ...Optio
 	}
 	return &Semaphore{backend.NewSemaphore(k, guardOf), e}, nil
 }
+
+var _ keylock.Semaphore = (*Semaphore)(nil)

@@ -217,3 +217,17 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 }
 
 var _ backend.Checker = (*engine)(nil)
+
+// serverOf returns the server that holds key's slot: its master on a
+// Cluster, else the client itself.
+func (e *engine) serverOf(ctx context.Context, key string) (redis.Cmdable, error) {
+	cc, ok := e.client.(*redis.ClusterClient)
+	if !ok {
+		return e.client, nil
+	}
+	m, err := cc.MasterForKey(ctx, namesOf(e.esc, key).queue)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}

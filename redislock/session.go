@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -99,20 +100,6 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, _ int) []back
 	return out
 }
 
-// serverOf returns the server that holds key's slot: its master on a
-// Cluster, else the client itself.
-func (e *engine) serverOf(ctx context.Context, key string) (redis.Cmdable, error) {
-	cc, ok := e.client.(*redis.ClusterClient)
-	if !ok {
-		return e.client, nil
-	}
-	m, err := cc.MasterForKey(ctx, namesOf(e.esc, key).queue)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
 // renewOn runs the renewal script of every job in one pipeline on srv,
 // loading the script once if the server lacks it (a restart, SCRIPT
 // FLUSH), and reports each job's outcome.
@@ -201,4 +188,15 @@ func (e *engine) Check(ctx context.Context, waiting []*backend.Call) {
 			e.k.Lose(td.member)
 		}
 	}
+}
+
+// renewArgs returns the renewal script's arguments (renewScript) for a
+// key whose names are n: the cutoff, then the entries the Locker knows.
+func (e *engine) renewArgs(n names, cutoff uint64, members []string) []any {
+	args := make([]any, 0, 4+len(members))
+	args = append(args, n.markers, e.channel, e.ttlMs, strconv.FormatUint(cutoff, 10))
+	for _, m := range members {
+		args = append(args, m)
+	}
+	return args
 }

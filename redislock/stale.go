@@ -42,14 +42,3 @@ func entrySeq(member string) (uint64, bool) {
 	n, err := strconv.ParseUint(seq, 36, 64)
 	return n, err == nil
 }
-
-// renewArgs returns the renewal script's arguments (renewScript) for a
-// key whose names are n: the cutoff, then the entries the Locker knows.
-func (e *engine) renewArgs(n names, cutoff uint64, members []string) []any {
-	args := make([]any, 0, 4+len(members))
-	args = append(args, n.markers, e.channel, e.ttlMs, strconv.FormatUint(cutoff, 10))
-	for _, m := range members {
-		args = append(args, m)
-	}
-	return args
-}
