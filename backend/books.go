@@ -173,11 +173,15 @@ func (k *Core) bounded(ctx context.Context, fn func()) bool {
 // an Unlock's round trip, whose grant Close counts, and gives up on, as
 // a grant.
 func (k *Core) within(ctx context.Context, fn func()) bool {
+	if ctx.Done() == nil {
+		fn() // nothing to return early for
+		return true
+	}
 	done := make(chan struct{})
-	go func() {
+	k.spawn(func() {
 		fn()
 		close(done)
-	}()
+	})
 	select {
 	case <-done:
 		return true
@@ -188,6 +192,70 @@ func (k *Core) within(ctx context.Context, fn func()) bool {
 		default:
 			return false
 		}
+	}
+}
+
+// Workers. A round trip that a call must be able to give up on (its
+// context ends while the engine has not answered) runs apart from the
+// call's goroutine. A fresh goroutine per round trip would grow its stack
+// through the client's call depth every time (runtime.copystack), which
+// costs more CPU than the round trip itself; so the goroutine that ran
+// one stays, idle, for idleFor, and runs the next. At most maxIdle wait;
+// they end when the Locker's background context does.
+
+// idleFor is how long a worker waits for another round trip.
+const idleFor = time.Second
+
+// maxIdle bounds the workers waiting.
+const maxIdle = 16
+
+// worker is a goroutine that runs round trips (work).
+type worker struct{ job chan func() }
+
+// spawn runs fn on an idle worker, or a new one.
+func (k *Core) spawn(fn func()) {
+	k.wmu.Lock()
+	if n := len(k.idleW); n > 0 {
+		w := k.idleW[n-1]
+		k.idleW = k.idleW[:n-1]
+		k.wmu.Unlock()
+		w.job <- fn
+		return
+	}
+	k.wmu.Unlock()
+	w := &worker{job: make(chan func(), 1)}
+	go k.work(w, fn)
+}
+
+// work runs fn, then waits among the idle workers for the next job, until
+// idleFor passes, the pool is full or the background context ends.
+func (k *Core) work(w *worker, fn func()) {
+	timer := time.NewTimer(idleFor)
+	defer timer.Stop()
+	for {
+		fn()
+		k.wmu.Lock()
+		if len(k.idleW) >= maxIdle || k.bg.Err() != nil {
+			k.wmu.Unlock()
+			return
+		}
+		k.idleW = append(k.idleW, w)
+		k.wmu.Unlock()
+		timer.Reset(idleFor)
+		select {
+		case fn = <-w.job:
+			continue
+		case <-timer.C:
+		case <-k.bg.Done():
+		}
+		k.wmu.Lock()
+		if i := slices.Index(k.idleW, w); i >= 0 {
+			k.idleW = slices.Delete(k.idleW, i, i+1)
+			k.wmu.Unlock()
+			return
+		}
+		k.wmu.Unlock()
+		fn = <-w.job // spawn took it before it could leave: its job is coming
 	}
 }
 

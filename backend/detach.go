@@ -36,13 +36,20 @@ func (k *Core) enqueue(ctx context.Context, c *Call) (Enqueued, error) {
 	if err := ctx.Err(); err != nil {
 		return Enqueued{}, ctxerr.Of(ctx)
 	}
+	var res enqueuedResult
+	if ctx.Done() == nil {
+		// A context that never ends: nothing to give up on, so the write
+		// runs on the call's own goroutine.
+		res.r, res.err = k.engine.Enqueue(ctx, c)
+		return k.enqueued(ctx, c, res)
+	}
 	done := make(chan enqueuedResult, 1)
 	abandoned := false // guarded by k.mu
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.mu.Lock()
 	k.pending++
 	k.mu.Unlock()
-	go func() {
+	k.spawn(func() {
 		r, err := k.engine.Enqueue(wctx, c)
 		cancel()
 		k.mu.Lock()
@@ -61,8 +68,7 @@ func (k *Core) enqueue(ctx context.Context, c *Call) (Enqueued, error) {
 		k.pending--
 		k.signalIdle()
 		k.mu.Unlock()
-	}()
-	var res enqueuedResult
+	})
 	var stop error
 	select {
 	case res = <-done:
@@ -87,6 +93,12 @@ func (k *Core) enqueue(ctx context.Context, c *Call) (Enqueued, error) {
 		}
 		return Enqueued{}, stop
 	}
+	return k.enqueued(ctx, c, res)
+}
+
+// enqueued finishes enqueue with the write's outcome: an unknown one
+// leaves the call's named entry to the janitor.
+func (k *Core) enqueued(ctx context.Context, c *Call, res enqueuedResult) (Enqueued, error) {
 	if res.err != nil && written(res.err) {
 		// Unknown outcome: the entry may have been written.
 		k.mu.Lock()

@@ -141,6 +141,9 @@ type Core struct {
 	reread     chan struct{}  // cap 1: the engine lost notices: Check now
 	renewKick  chan struct{}  // cap 1: the sessions changed: recompute the renewal timer
 
+	wmu   sync.Mutex // guards idleW
+	idleW []*worker  // workers waiting for a round trip (spawn), newest last
+
 	// mu guards everything below, the Calls' and Sessions' fields marked
 	// so, and whatever the engine guards with it (Mu).
 	mu       sync.Mutex

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/ctxerr"
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 )
 

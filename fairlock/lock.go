@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/ctxerr"
+	"github.com/fairlock/fairlock/debug/registry"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/fairlock/fairlock/waitqueue"
 )

@@ -178,13 +178,31 @@ func (e *engine) Remove(ctx context.Context, en backend.Entry) error {
 	return err
 }
 
-// release runs the release script: it removes member from key's queue
-// and reports whether it was there with its session alive.
+// release runs the release script: it removes member from key's queue,
+// grants this Locker's calls among those its release granted (the reply
+// names them: a hand-off within the process needs no notice), and
+// reports whether member was there with its session alive.
 func (e *engine) release(ctx context.Context, key, member string) (bool, error) {
 	names := namesOf(e.esc, key)
-	n, err := runOnce(ctx, e.client, releaseScript, releaseSrc, []string{names.queue, names.markers + e.sid},
-		names.markers, e.channel, member).Int64()
-	return n == 1, err
+	v, err := runOnce(ctx, e.client, releaseScript, releaseSrc, []string{names.queue, names.markers + e.sid},
+		names.markers, e.channel, member).Slice()
+	if err != nil {
+		return false, err
+	}
+	if len(v) == 0 {
+		return false, fmt.Errorf("redislock: unexpected reply %v from the release script", v)
+	}
+	if len(v) > 1 {
+		granted := make([]string, 0, len(v)-1)
+		for _, m := range v[1:] {
+			if s, ok := m.(string); ok {
+				granted = append(granted, s)
+			}
+		}
+		e.k.Granted(granted...)
+	}
+	ok, _ := v[0].(int64)
+	return ok == 1, nil
 }
 
 // check runs the check script on key's queue for member ("" for none):

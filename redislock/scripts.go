@@ -112,6 +112,7 @@ local function notify(before, after)
     if not was[m] then news[#news + 1] = m end
   end
   if #news > 0 then redis.call('PUBLISH', chan, table.concat(news, ' ')) end
+  return news
 end
 `
 
@@ -155,8 +156,32 @@ end
 // reads the counter's and the scores' decimal strings exactly, '%.0f'
 // writes an integral double exactly, and a sorted set's score is a
 // double too. The reply's token is converted to a Redis integer exactly.
-var enqueueScript = redis.NewScript(prelude + `
+var enqueueScript = redis.NewScript(`
 local member, ttl, kind = ARGV[3], ARGV[4], ARGV[5]
+-- The token: above the key's counter, above every entry queued (top, the
+-- highest score), and not below the server's clock in microseconds (see
+-- the comment above).
+local function nextToken(top)
+  local t = redis.call('TIME')
+  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[2]))
+  if last and last >= token then token = last + 1 end
+  if top and top >= token then token = top + 1 end
+  local tok = string.format('%.0f', token)
+  redis.call('SET', KEYS[2], tok, 'PX', string.format('%.0f', ttl * 10))
+  return token, tok
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- A free key: nothing to walk, purge or announce (so this comes before
+  -- the prelude's functions are even made). The call is granted at once
+  -- (a Wait's turn has come: nothing is written).
+  if kind == 'w' then return {2} end
+  redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  local token, tok = nextToken(nil)
+  redis.call('ZADD', KEYS[1], tok, member)
+  return {1, token, 1}
+end
+` + prelude + `
 local sid, mode, w, n = parse(member)
 local before = walk(false)
 if redis.call('EXISTS', KEYS[3]) == 0 then
@@ -201,16 +226,8 @@ if (kind == 't' and not now) or (kind == 'w' and now) then
   return {2}
 end
 redis.call('SET', KEYS[3], '1', 'PX', ttl)
--- The token: above the key's counter, above every entry queued, and not
--- below the server's clock in microseconds (see the comment above).
-local t = redis.call('TIME')
-local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= token then token = last + 1 end
 local top = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-if top[2] and tonumber(top[2]) >= token then token = tonumber(top[2]) + 1 end
-local tok = string.format('%.0f', token)
-redis.call('SET', KEYS[2], tok, 'PX', string.format('%.0f', ttl * 10))
+local token, tok = nextToken(top[2] and tonumber(top[2]))
 redis.call('ZADD', q, tok, member)
 notify(before, g)
 if now then return {1, token, 1} end
@@ -218,23 +235,34 @@ return {1, token, 0}
 `)
 
 // releaseSrc removes an entry of the calling session. KEYS: queue, the
-// session's marker. ARGV: marker prefix, channel, entry. It returns 1 if
-// the entry was there and its session alive, 0 if not (someone removed
-// it, or the session's marker expired and anyone may purge the entry: the
-// grant was lost, whether or not another call was granted meanwhile).
+// session's marker. ARGV: marker prefix, channel, entry. It returns {1,
+// granted...} if the entry was there and its session alive, {0,
+// granted...} if not (someone removed it, or the session's marker expired
+// and anyone may purge the entry: the grant was lost, whether or not
+// another call was granted meanwhile); granted are the entries its
+// release granted, which it also announces, so that a Locker whose call
+// is among them grants it from the reply, without the notice's hop.
 // A queue left empty deletes the queue (Redis does) and the session's
 // marker, which then guards no entry, so that an uncontended key keeps
 // only its counter; a marker whose session released while others were
 // queued expires with its TTL. A second run answers 0 for the entry the
 // first removed, so it runs through runOnce, never go-redis's retries.
-const releaseSrc = prelude + `
+const releaseSrc = `
+local current = redis.call('EXISTS', KEYS[2])
+if redis.call('ZCARD', KEYS[1]) == 1 and redis.call('ZREM', KEYS[1], ARGV[3]) == 1 then
+  -- The entry was the queue's only one: nothing is granted by its
+  -- release, and the queue is gone (so this comes before the prelude's
+  -- functions are even made).
+  redis.call('DEL', KEYS[2])
+  return {current}
+end
+` + prelude + `
 local before = walk(false)
-local alive = redis.call('EXISTS', KEYS[2])
 local removed = redis.call('ZREM', q, ARGV[3])
-local after = walk(true)
-notify(before, after)
+local res = {removed * current}
+for _, m in ipairs(notify(before, walk(true))) do res[#res + 1] = m end
 if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
-return removed * alive
+return res
 `
 
 var releaseScript = redis.NewScript(releaseSrc)

@@ -104,11 +104,11 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, _ int) []back
 // loading the script once if the server lacks it (a restart, SCRIPT
 // FLUSH), and reports each job's outcome.
 func (e *engine) renewOn(ctx context.Context, srv redis.Cmdable, js []*renewal) []backend.Renewal {
+	// Each job's command holds its own outcome (its error included); the
+	// pipeline's error only says whether the script must be loaded.
 	sent, err := e.pipeRenew(ctx, srv, js)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = renewScript.Load(ctx, srv).Err(); err == nil {
-			sent, err = e.pipeRenew(ctx, srv, js)
-		}
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && renewScript.Load(ctx, srv).Err() == nil {
+		sent, _ = e.pipeRenew(ctx, srv, js)
 	}
 	out := make([]backend.Renewal, 0, len(js))
 	for _, j := range js {
