@@ -41,9 +41,9 @@ type Tools struct {
 //   - "queue": Lock Key (queue until granted or killed), say "granted",
 //     Unlock.
 //   - "paused": Lock Key, say "held TOKEN", then check keylock.Valid in
-//     a loop until the first check after the process was stopped and
-//     resumed, and say what it saw (see pausedRole); then wait for Lost,
-//     try a fenced write, Unlock, and say each outcome.
+//     loops until the first checks after the process was stopped and
+//     resumed, and say what they saw (see pausedRole); then wait for
+//     Lost, try a fenced write, Unlock, and say each outcome.
 //   - "flight": a process of the check FlightOneFill (see flightRole).
 //
 // Any other role is other's, which runs with the worker's context; a nil
@@ -147,17 +147,17 @@ func (w Worker) fifoRole(ctx context.Context, tools Tools) error {
 // tight loops, one per P (runtime.GOMAXPROCS, raised to 4 at least, so
 // that some loop's thread is likely among the first the kernel runs
 // after SIGCONT), each reading the clock before and after each of its
-// checks. The test stops the process
-// (SIGSTOP) while they loop, until the engine has granted the key to
-// another process, and then resumes it (SIGCONT). A gap of at least
+// checks. The test stops the process (SIGSTOP) while they loop, until
+// the engine has granted the key to another process, and then resumes
+// it (SIGCONT). A gap of at least
 // Args["gap"] between one check's end and the next one's start is the
 // pause, and the check after it the loop's first to begin after the
 // process resumed; if the pause fell inside a check instead (its start
 // and end that far apart), that check straddled it, and the next one is
-// the first. The loops keep every P busy, so the runtime's timers (the
-// one that closes Lost among them) run only once the scheduler preempts
-// a loop, and a loop's first check after resuming comes first in most
-// runs; it never yields. It then says
+// the first. The loops never yield and keep every P busy, so the
+// runtime's timers (the one that closes Lost among them) run only once
+// the scheduler preempts a loop, and a loop's first check after resuming
+// comes first in most runs. It then says
 //
 //	check valid=V lost=L pause=P
 //
