@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/redislock/redistest"
 )
 
@@ -70,4 +72,28 @@ func BenchmarkHandOff(b *testing.B) {
 	slices.Sort(samples)
 	b.ReportMetric(float64(samples[len(samples)/2]), "p50-ns")
 	b.ReportMetric(float64(samples[len(samples)*99/100]), "p99-ns")
+}
+
+// BenchmarkWaitsReleased: a holder's release with 200 Waits queued
+// behind it through four Lockers on clients of their own: the time from
+// its Unlock to the return of the last Wait (ns/op, ms/release), beside
+// the release with one Wait queued (ms/release-of-1) and
+// a round trip to the server (a PING, ms/round-trip), medians of
+// interleaved runs, and their ratios; in-process, the same on one
+// fairlock.Locker (disttest.WaitsReleased).
+//
+//	go test -run '^$' -bench WaitsReleased -benchtime 20x
+func BenchmarkWaitsReleased(b *testing.B) {
+	const waits = 200
+	b.Run("in-process", func(b *testing.B) { disttest.WaitsReleasedInProcess(b, waits) })
+	b.Run("redis", func(b *testing.B) {
+		srv := redistest.StartServer(b)
+		admin := srv.NewClient(b)
+		var ls []keylock.Locker
+		for range 5 {
+			ls = append(ls, newLocker(b, srv.NewClient(b), "bench"))
+		}
+		calls := func(key string) int { return queueLen(b, admin, "bench", key) }
+		disttest.WaitsReleased(b, waits, ls, calls, func(ctx context.Context) error { return admin.Ping(ctx).Err() })
+	})
 }

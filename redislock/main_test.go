@@ -7,18 +7,17 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/redislock"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
-// workerEnv names the role of a re-executed test binary: TestMain runs
-// the worker (process_test.go) instead of the tests when it is set.
-const workerEnv = "REDISLOCK_TEST_WORKER"
-
+// TestMain runs a worker's role (process_test.go) instead of the tests
+// in a re-executed test binary.
 func TestMain(m *testing.M) {
-	if role := os.Getenv(workerEnv); role != "" {
-		os.Exit(runWorker(role))
+	if w, ok := disttest.IsWorker(); ok {
+		os.Exit(runWorker(w))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -54,6 +53,23 @@ func queueLen(t testing.TB, client redis.UniversalClient, prefix, key string) in
 		t.Fatalf("ZCARD %s: %v", redislock.QueueKey(prefix, key), err)
 	}
 	return int(n)
+}
+
+// awaitQueue polls until key's queue under prefix has n entries, failing
+// t after d. A poll, not an ordering: the count decides.
+func awaitQueue(t testing.TB, c redis.UniversalClient, prefix, key string, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got := queueLen(t, c, prefix, key)
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %q: %d entries, want %d within %v", key, got, n, d)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // newClient returns a client made with opts, closed by t.Cleanup: for

@@ -8,6 +8,8 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -146,4 +148,31 @@ func reportQuantiles(b *testing.B, samples [2][]time.Duration, what string) {
 	b.ReportMetric(mean[0]/mean[1], "mean-ratio")
 	b.ReportMetric(p50[0]/p50[1], "p50-ratio")
 	b.ReportMetric(p99[0]/p99[1], "p99-ratio")
+}
+
+// BenchmarkWaitsReleased: a holder's release with 200 Waits queued
+// behind it through four Lockers on clients of their own: the time from
+// its Unlock to the return of the last Wait (ns/op, ms/release), beside
+// the release with one Wait queued (ms/release-of-1) and
+// a round trip to the server (a linearizable Get of one key,
+// ms/round-trip), medians of interleaved runs, and their ratios;
+// in-process, the same on one fairlock.Locker (disttest.WaitsReleased).
+//
+//	go test -run '^$' -bench WaitsReleased -benchtime 20x
+func BenchmarkWaitsReleased(b *testing.B) {
+	const waits = 200
+	b.Run("in-process", func(b *testing.B) { disttest.WaitsReleasedInProcess(b, waits) })
+	b.Run("etcd", func(b *testing.B) {
+		srv := etcdtest.StartServer(b)
+		admin := srv.Client(b)
+		var ls []keylock.Locker
+		for range 5 {
+			ls = append(ls, newLocker(b, srv.Client(b), "/bench"))
+		}
+		calls := func(key string) int { return countUnder(b, admin, rangeUnder("/bench", key)) }
+		disttest.WaitsReleased(b, waits, ls, calls, func(ctx context.Context) error {
+			_, err := admin.Get(ctx, "/round-trip")
+			return err
+		})
+	})
 }

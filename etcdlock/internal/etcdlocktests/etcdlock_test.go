@@ -15,6 +15,7 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/owner"
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -528,77 +529,12 @@ func TestLockMany(t *testing.T) {
 	}
 }
 
-// TestDebugAndObserver: WithDebug lists this process's holder and
-// waiters; WithObserver counts results.
-func TestDebugAndObserver(t *testing.T) {
-	c := startClient(t)
-	obs := &countingObserver{}
-	l := newLocker(t, c, "/dbg", etcdlock.WithDebug(), etcdlock.WithName("dbg-test"), etcdlock.WithObserver(obs))
-	ctx := context.Background()
-	g := mustLock(t, ctx, l, "k\n1")
-	waiter := startLock(owner.NewContext(ctx), l.Lock, "k\n1")
-	waitKeys(t, c, "/dbg/", 2, 5*time.Second)
-	st := registry.Snapshot("dbg-test", 0)
-	if len(st) != 1 || len(st[0].Held) != 1 {
-		t.Fatalf("snapshot: %+v", st)
-	}
-	k := st[0].Held[0]
-	if k.Key != `"k\n1"` || len(k.Holders) != 1 || k.Holders[0].Token != g.Token() || len(k.Waiters) != 1 {
-		t.Fatalf("key state: %+v", k)
-	}
-	if s := obs.stats(); s.Keys != 1 || s.Waiters != 1 {
-		t.Fatalf("observer stats %+v", s)
-	}
-	mustUnlock(t, ctx, g)
-	w, err := waiter.wait()
-	if err != nil {
-		t.Fatalf("the waiter: %v", err)
-	}
-	mustUnlock(t, ctx, w)
-	g, err = l.TryLock(ctx, "k\n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustUnlock(t, ctx, g)
-	last := mustLock(t, ctx, l, "k\n1")
-	if _, err := l.Lock(ctx, "k\n1"); !errors.Is(err, fairlock.ErrReentrant) {
-		t.Fatal(err)
-	}
-	obs.mu.Lock()
-	acq, rel, reent := obs.acquired, obs.released, obs.reentrant
-	obs.mu.Unlock()
-	if acq != 4 || rel != 3 || reent != 1 {
-		t.Fatalf("observer: %d acquired, %d released, %d reentrant; want 4, 3, 1", acq, rel, reent)
-	}
-	// The last grant is left held: Close (in Cleanup) revokes it; with a
-	// short ctx it reports it.
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	defer cancel()
-	if err := l.Close(cctx); err == nil || !strings.Contains(err.Error(), "1 grant still held") {
-		t.Fatalf("Close with a holder: %v", err)
-	}
-	if !obs.unregistered || len(registry.Snapshot("dbg-test", 0)) != 0 {
-		t.Fatal("Close did not unregister")
-	}
-	// The grant Close took: its Unlock says so, and the observer, no
-	// longer registered, hears nothing of it.
-	if err := last.Unlock(ctx); !errors.Is(err, etcdlock.ErrLost) {
-		t.Fatalf("Unlock after Close: %v, want ErrLost", err)
-	}
-	obs.mu.Lock()
-	rel = obs.released
-	obs.mu.Unlock()
-	if rel != 3 {
-		t.Fatalf("the observer heard %d releases after Close, want still 3", rel)
-	}
-}
-
 // TestContextCauseIsNotTheResult: a waiter cancelled with a cause that
 // names ErrClosed (another call's result, as errgroup passes it on) is
 // reported as canceled, and its error carries the cause.
 func TestContextCauseIsNotTheResult(t *testing.T) {
 	c := startClient(t)
-	obs := &countingObserver{}
+	obs := &disttest.Observer{}
 	l := newLocker(t, c, "/cause", etcdlock.WithObserver(obs))
 	ctx := context.Background()
 	g := mustLock(t, ctx, l, "k")
@@ -611,65 +547,9 @@ func TestContextCauseIsNotTheResult(t *testing.T) {
 		t.Fatalf("the waiter: %v, want context.Canceled with the cause", err)
 	}
 	mustUnlock(t, ctx, g)
-	obs.mu.Lock()
-	canceled, closed := obs.canceled, obs.closed
-	obs.mu.Unlock()
-	if canceled != 1 || closed != 0 {
+	if canceled, closed := obs.Count(fairlock.Canceled), obs.Count(fairlock.Closed); canceled != 1 || closed != 0 {
 		t.Fatalf("observer: %d canceled, %d closed; want 1, 0", canceled, closed)
 	}
-}
-
-// countingObserver counts what a Locker reports.
-type countingObserver struct {
-	mu                                              sync.Mutex
-	acquired, released, reentrant, canceled, closed int
-	statsFn                                         func() fairlock.Stats
-	unregistered                                    bool
-	late                                            int // Releases heard after Unregister
-}
-
-func (o *countingObserver) stats() fairlock.Stats {
-	o.mu.Lock()
-	f := o.statsFn
-	o.mu.Unlock()
-	return f()
-}
-
-func (o *countingObserver) Register(_ string, stats func() fairlock.Stats) fairlock.LockerObserver {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.statsFn = stats
-	return o
-}
-
-func (o *countingObserver) Acquire(r fairlock.Result, _ time.Duration) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	switch r {
-	case fairlock.Acquired:
-		o.acquired++
-	case fairlock.Reentrant:
-		o.reentrant++
-	case fairlock.Canceled:
-		o.canceled++
-	case fairlock.Closed:
-		o.closed++
-	}
-}
-
-func (o *countingObserver) Release(time.Duration) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.released++
-	if o.unregistered {
-		o.late++
-	}
-}
-
-func (o *countingObserver) Unregister() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.unregistered = true
 }
 
 // TestWatchRestart: while the Locker's watch is down, the holder unlocks

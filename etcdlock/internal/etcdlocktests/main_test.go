@@ -9,19 +9,18 @@ import (
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
-// workerEnv names the role of a re-executed test binary: TestMain runs
-// the worker (process_test.go) instead of the tests when it is set.
-const workerEnv = "ETCDLOCK_TEST_WORKER"
-
+// TestMain runs a worker's role (process_test.go) instead of the tests
+// in a re-executed test binary.
 func TestMain(m *testing.M) {
-	if role := os.Getenv(workerEnv); role != "" {
-		os.Exit(runWorker(role))
+	if w, ok := disttest.IsWorker(); ok {
+		os.Exit(runWorker(w))
 	}
 	// No goroutine is ignored: with etcd v3.7.3, a closed client, a
 	// stopped embedded server (etcdtest cuts its client connections

@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/owner"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -204,7 +205,7 @@ func TestSemaphoreHeadOfLine(t *testing.T) {
 func TestModesTokensAndLoss(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	admin := srv.Client(t)
-	lobs, sobs := &countingObserver{}, &countingObserver{}
+	lobs, sobs := &disttest.Observer{}, &disttest.Observer{}
 	l := newLocker(t, srv.Client(t), "/modes", etcdlock.WithDebug(), etcdlock.WithName("modes-locker"), etcdlock.WithObserver(lobs))
 	s := newSemaphore(t, srv.Client(t), "/modes-sem", 2, etcdlock.WithDebug(), etcdlock.WithName("modes-sem"), etcdlock.WithObserver(sobs))
 	ctx := context.Background()
@@ -276,13 +277,11 @@ func TestModesTokensAndLoss(t *testing.T) {
 	// lost ones' included.
 	for _, o := range []struct {
 		name     string
-		obs      *countingObserver
+		obs      *disttest.Observer
 		acquired int
 	}{{"Locker", lobs, 4}, {"Semaphore", sobs, 2}} {
-		o.obs.mu.Lock()
-		acq, rel := o.obs.acquired, o.obs.released
-		o.obs.mu.Unlock()
-		if acq != o.acquired || rel != o.acquired {
+		acq := o.obs.Count(fairlock.Acquired)
+		if rel, _ := o.obs.Released(); acq != o.acquired || rel != o.acquired {
 			t.Errorf("the %s's observer heard %d grants and %d releases, want %d of each", o.name, acq, rel, o.acquired)
 		}
 	}

@@ -1,109 +1,209 @@
 package etcdlock_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/flight"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
-// Tests across processes re-execute the test binary as workers: TestMain
-// sees workerEnv and calls runWorker, which connects to the parent's
-// embedded server (ETCDLOCK_TEST_ENDPOINTS), does its role, reports on
-// stdout one line per event, and exits.
+// Tests across processes re-execute the test binary as workers
+// (package disttest): TestMain sees a worker's environment and calls
+// runWorker, which connects to the parent's embedded server
+// (Worker.Server, its endpoints), makes a Locker on Worker.Prefix, does
+// its role, reports on stdout one line per event, and exits. The tests
+// every backend repeats are disttest's, run here on an etcd adapter
+// (newBackend); what is etcd's alone stays below them.
 
-// runWorker runs a worker process's role and returns its exit code.
-func runWorker(role string) int {
-	client, err := etcdtest.NewClient(strings.Split(os.Getenv("ETCDLOCK_TEST_ENDPOINTS"), ","))
+// runWorker runs a worker process's role and returns its exit code: the
+// roles of package disttest, or those of roles.
+func runWorker(w disttest.Worker) int {
+	client, err := etcdtest.NewClient(strings.Split(w.Server, ","))
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return w.Fail(err)
 	}
 	defer client.Close()
-	ttl, _ := time.ParseDuration(os.Getenv("ETCDLOCK_TEST_TTL"))
-	l, err := etcdlock.New(client, os.Getenv("ETCDLOCK_TEST_PREFIX"), etcdlock.WithTTL(ttl))
+	l, err := etcdlock.New(client, w.Prefix, etcdlock.WithTTL(w.TTL))
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return w.Fail(err)
 	}
 	defer l.Close(context.Background())
-	key := os.Getenv("ETCDLOCK_TEST_KEY")
-	ctx := context.Background()
-	switch role {
-	case "fifo":
-		err = fifoWorker(ctx, client, l, key, os.Getenv("ETCDLOCK_TEST_ID"))
-	case "count":
-		g, _ := strconv.Atoi(os.Getenv("ETCDLOCK_TEST_G"))
-		m, _ := strconv.Atoi(os.Getenv("ETCDLOCK_TEST_M"))
-		err = countWorker(ctx, client, l, key, g, m)
-	case "hold":
-		var g keylock.Lease
-		if g, err = l.Lock(ctx, key); err == nil {
-			fmt.Println("held", g.Token())
-			select {} // until killed
+	tools := disttest.Tools{Locker: l, Store: fencedLog{client, w.Prefix}, Cache: etcdStore[string]{client}}
+	return w.Run(tools, func(ctx context.Context) error {
+		run, ok := roles[w.Role]
+		if !ok {
+			return fmt.Errorf("unknown role %q", w.Role)
 		}
-	default:
-		if run, ok := roles[role]; ok {
-			err = run(ctx, client, l, key)
-		} else {
-			err = fmt.Errorf("unknown role %q", role)
-		}
-	}
-	if err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	return 0
+		return run(ctx, client, l, w.Key)
+	})
 }
 
-// roles are the worker roles that other test files add (flight_test.go
-// does, in its init), by name: each runs in a worker process with the
-// worker's client, its Locker on ETCDLOCK_TEST_PREFIX and
-// ETCDLOCK_TEST_KEY, and fails the worker with its error.
+// roles are the worker roles that other test files add (in an init
+// func; this one adds "count"), by name: each runs in a worker process
+// with the worker's client, its Locker on the worker's prefix and key,
+// and fails the worker with its error.
 var roles = map[string]func(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker, key string) error{}
 
-// fifoWorker locks key once and appends "id:token" to the log key with a
-// write fenced by the grant: the log is the grant order.
-func fifoWorker(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker, key, id string) error {
-	g, err := l.Lock(ctx, key)
+// proc is a worker process.
+type proc = disttest.Proc
+
+// startWorker starts the test binary as a worker with role on the server
+// at endpoints, with env added to its environment, where
+// ETCDLOCK_TEST_PREFIX and ETCDLOCK_TEST_KEY name the worker's prefix
+// and key; t.Cleanup kills it if it is still running.
+func startWorker(t *testing.T, role string, endpoints []string, env ...string) *proc {
+	t.Helper()
+	w := disttest.Worker{Role: role, Server: strings.Join(endpoints, ","), TTL: testTTL}
+	for _, e := range env {
+		switch name, v, _ := strings.Cut(e, "="); name {
+		case "ETCDLOCK_TEST_PREFIX":
+			w.Prefix = v
+		case "ETCDLOCK_TEST_KEY":
+			w.Key = v
+		}
+	}
+	return disttest.Start(t, w, env...)
+}
+
+// fencedLog is disttest's fenced store on etcd, for the Lockers on
+// prefix: key's log is the value of /log/KEY, one entry a line, and a
+// write is fenced by etcd itself, as IsOwner fences it: the grant's key
+// (found in key's range by its creation revision, the token) must still
+// exist with that revision when the transaction is applied. Counters
+// are the keys /counters/NAME.
+type fencedLog struct {
+	c      *clientv3.Client
+	prefix string
+}
+
+func (s fencedLog) Append(ctx context.Context, key string, token uint64, entry string) (bool, error) {
+	grant, err := s.c.Get(ctx, rangeUnder(s.prefix, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithMinCreateRev(int64(token)), clientv3.WithMaxCreateRev(int64(token)))
+	if err != nil || len(grant.Kvs) != 1 {
+		return false, err // no key of the grant: it has ended
+	}
+	owner := clientv3.Compare(clientv3.CreateRevision(string(grant.Kvs[0].Key)), "=", int64(token))
+	log := "/log/" + key
+	for {
+		resp, err := s.c.Get(ctx, log)
+		if err != nil {
+			return false, err
+		}
+		old, rev := "", int64(0)
+		if len(resp.Kvs) > 0 {
+			old, rev = string(resp.Kvs[0].Value), resp.Kvs[0].ModRevision
+		}
+		unchanged := clientv3.Compare(clientv3.ModRevision(log), "=", rev)
+		tr, err := s.c.Txn(ctx).If(owner).
+			Then(clientv3.OpTxn([]clientv3.Cmp{unchanged}, []clientv3.Op{clientv3.OpPut(log, old+entry+"\n")}, nil)).Commit()
+		if err != nil || !tr.Succeeded {
+			return false, err
+		}
+		if tr.Responses[0].GetResponseTxn().Succeeded {
+			return true, nil
+		}
+	}
+}
+
+func (s fencedLog) Log(ctx context.Context, key string) ([]string, error) {
+	resp, err := s.c.Get(ctx, "/log/"+key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSuffix(string(resp.Kvs[0].Value), "\n"), "\n"), nil
+}
+
+// Add adds n to the counter at /counters/NAME in a transaction on its
+// mod revision, retried.
+func (s fencedLog) Add(ctx context.Context, name string, n int64) (int64, error) {
+	k := "/counters/" + name
+	for {
+		resp, err := s.c.Get(ctx, k)
+		if err != nil {
+			return 0, err
+		}
+		v, rev := int64(0), int64(0)
+		if len(resp.Kvs) > 0 {
+			v, _ = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+			rev = resp.Kvs[0].ModRevision
+		}
+		if n == 0 {
+			return v, nil
+		}
+		tr, err := s.c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+			Then(clientv3.OpPut(k, strconv.FormatInt(v+n, 10))).Commit()
+		if err != nil {
+			return 0, err
+		}
+		if tr.Succeeded {
+			return v + n, nil
+		}
+	}
+}
+
+// countUnder returns the number of etcd keys under r.
+func countUnder(t testing.TB, c *clientv3.Client, r string) int {
+	t.Helper()
+	resp, err := c.Get(context.Background(), r, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
-	resp, err := client.Get(ctx, "/log/"+key)
-	if err != nil {
-		return err
+	return int(resp.Count)
+}
+
+// newBackend is the disttest adapter of srv: every Locker, store and
+// cache on a client of its own; a key's calls are the keys in its
+// range; a process that stops is replaced within the TTL and a second
+// (its lease's expiry, and the watch's event); a grant a worker holds is
+// the only key in its range, created at the worker's token.
+func newBackend(t testing.TB, srv *etcdtest.Server) disttest.Backend {
+	admin := srv.Client(t)
+	return disttest.Backend{
+		Server: strings.Join(srv.Endpoints(), ","),
+		TTL:    testTTL,
+		Expiry: testTTL + time.Second,
+		New: func(t testing.TB, prefix string) keylock.Locker {
+			return newLocker(t, srv.Client(t), prefix)
+		},
+		Calls: func(t testing.TB, prefix, key string) int { return countUnder(t, admin, rangeUnder(prefix, key)) },
+		Store: func(t testing.TB, prefix string) disttest.Store { return fencedLog{srv.Client(t), prefix} },
+		Held: func(t testing.TB, prefix, key string, token uint64) {
+			resp, err := admin.Get(context.Background(), rangeUnder(prefix, key), clientv3.WithPrefix())
+			if err != nil || len(resp.Kvs) != 1 || uint64(resp.Kvs[0].CreateRevision) != token {
+				t.Fatalf("the worker says it holds token %d; the keys of %q: %v (%v)", token, key, resp, err)
+			}
+		},
+		Cache: func(t testing.TB) flight.Store[string] { return etcdStore[string]{srv.Client(t)} },
+		Observed: func(t testing.TB, prefix, name string, o fairlock.Observer) keylock.Locker {
+			return newLocker(t, srv.Client(t), prefix, etcdlock.WithDebug(), etcdlock.WithName(name), etcdlock.WithObserver(o))
+		},
+		Kind: "etcdlock.Locker",
 	}
-	old := ""
-	if len(resp.Kvs) > 0 {
-		old = string(resp.Kvs[0].Value)
+}
+
+func init() {
+	roles["count"] = func(ctx context.Context, client *clientv3.Client, l *etcdlock.Locker, key string) error {
+		g, _ := strconv.Atoi(os.Getenv("ETCDLOCK_TEST_G"))
+		m, _ := strconv.Atoi(os.Getenv("ETCDLOCK_TEST_M"))
+		return countWorker(ctx, client, l, key, g, m)
 	}
-	entry := fmt.Sprintf("%s:%d ", id, g.Token())
-	tr, err := client.Txn(ctx).If(isOwner(g)).Then(clientv3.OpPut("/log/"+key, old+entry)).Commit()
-	if err != nil {
-		return err
-	}
-	if !tr.Succeeded {
-		return errors.New("fenced append failed")
-	}
-	fmt.Println("granted", id, g.Token())
-	return g.Unlock(ctx)
 }
 
 // countWorker runs g goroutines (each its own owner) that each lock key
@@ -199,114 +299,14 @@ func lostGrant(g keylock.Lease) bool {
 	}
 }
 
-// proc is a worker process.
-type proc struct {
-	cmd   *exec.Cmd
-	lines chan string // its stdout, line by line; closed at EOF
-	done  chan error  // its exit
-}
-
-// startWorker starts the test binary as a worker with role and the given
-// environment; t.Cleanup kills it if it is still running.
-func startWorker(t *testing.T, role string, endpoints []string, env ...string) *proc {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"="+role,
-		"ETCDLOCK_TEST_ENDPOINTS="+strings.Join(endpoints, ","),
-		"ETCDLOCK_TEST_TTL="+testTTL.String())
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, lines: make(chan string, 100), done: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		p.done <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		for range p.lines {
-		}
-		<-p.done
-	})
-	return p
-}
-
-// wait waits for the worker to exit and returns its output lines; it
-// fails the test if the worker fails or takes longer than d.
-func (p *proc) wait(t *testing.T, d time.Duration) []string {
-	t.Helper()
-	var lines []string
-	timeout := time.After(d)
-	for {
-		select {
-		case line, ok := <-p.lines:
-			if !ok {
-				if err := <-p.done; err != nil {
-					t.Fatalf("worker: %v; output %q", err, lines)
-				}
-				p.done <- nil // for Cleanup
-				return lines
-			}
-			lines = append(lines, line)
-		case <-timeout:
-			t.Fatalf("worker still running after %v; output %q", d, lines)
-		}
-	}
-}
-
-// TestProcessesFIFO: four worker processes queue on one key in a known
-// order (each one's key is seen under the prefix before the next starts),
-// behind a holder in this process, and are granted in that order with
-// strictly increasing tokens.
-func TestProcessesFIFO(t *testing.T) {
-	srv := etcdtest.StartServer(t)
-	c := srv.Client(t)
-	l := newLocker(t, c, "/pfifo")
-	ctx := context.Background()
-	g := mustLock(t, ctx, l, "hot")
-	const n = 4
-	var procs []*proc
-	for i := range n {
-		procs = append(procs, startWorker(t, "fifo", srv.Endpoints(),
-			"ETCDLOCK_TEST_PREFIX=/pfifo", "ETCDLOCK_TEST_KEY=hot", "ETCDLOCK_TEST_ID="+strconv.Itoa(i)))
-		waitKeys(t, c, "/pfifo/", i+2, 30*time.Second)
-	}
-	mustUnlock(t, ctx, g)
-	for _, p := range procs {
-		p.wait(t, 60*time.Second)
-	}
-	resp, err := c.Get(ctx, "/log/hot")
-	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("log: %v %v", resp, err)
-	}
-	entries := strings.Fields(string(resp.Kvs[0].Value))
-	t.Logf("grant log: %q", entries)
-	if len(entries) != n {
-		t.Fatalf("%d grants logged, want %d", len(entries), n)
-	}
-	last := g.Token()
-	for i, e := range entries {
-		id, tok, _ := strings.Cut(e, ":")
-		token, _ := strconv.ParseUint(tok, 10, 64)
-		if id != strconv.Itoa(i) {
-			t.Errorf("grant %d went to worker %s, queued %d-th", i, id, i)
-		}
-		if token <= last {
-			t.Errorf("grant %d: token %d after %d", i, token, last)
-		}
-		last = token
-	}
-	waitKeys(t, c, "/pfifo/", 0, 10*time.Second)
+// TestDistributed runs package disttest's checks, each on a server of
+// its own: worker processes granted in FIFO order; a holder process
+// killed, or stopped past its TTL (keylock.Valid false at once when it
+// resumes, before its Lost closes); dead waiters that do not add up; one
+// fill of a flight.Cache across processes, also with the filler killed;
+// the debug views and the Observer.
+func TestDistributed(t *testing.T) {
+	disttest.Run(t, func(t *testing.T) disttest.Backend { return newBackend(t, etcdtest.StartServer(t)) })
 }
 
 // TestProcessesExclusion: three processes of four goroutines each
@@ -323,7 +323,7 @@ func TestProcessesExclusion(t *testing.T) {
 			"ETCDLOCK_TEST_KEY=hot", "ETCDLOCK_TEST_G="+strconv.Itoa(goroutines), "ETCDLOCK_TEST_M="+strconv.Itoa(m)))
 	}
 	for _, p := range ps {
-		for _, line := range p.wait(t, 90*time.Second) {
+		for _, line := range p.Wait(t, 90*time.Second) {
 			if strings.HasPrefix(line, "lost:") {
 				t.Log("worker:", line) // a loaded machine; the increment was redone
 				continue
@@ -339,57 +339,6 @@ func TestProcessesExclusion(t *testing.T) {
 		t.Fatalf("count %s, want %s", got, want)
 	}
 	waitKeys(t, c, "/pcount/", 0, 10*time.Second)
-}
-
-// TestProcessKilled: a holder process killed with SIGKILL stops renewing;
-// its lease expires and the next waiter is granted within TTL + 1 s; a
-// write fenced with the dead grant is refused.
-func TestProcessKilled(t *testing.T) {
-	srv := etcdtest.StartServer(t)
-	c := srv.Client(t)
-	p := startWorker(t, "hold", srv.Endpoints(), "ETCDLOCK_TEST_PREFIX=/kill", "ETCDLOCK_TEST_KEY=hot")
-	var line string
-	select {
-	case line = <-p.lines:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the worker did not report its grant")
-	}
-	if !strings.HasPrefix(line, "held ") {
-		t.Fatalf("worker: %q", line)
-	}
-	resp, err := c.Get(context.Background(), "/kill/", clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("%v %v", resp, err)
-	}
-	dead := resp.Kvs[0]
-	if line != fmt.Sprint("held ", dead.CreateRevision) {
-		t.Fatalf("worker says %q; its key's revision is %d", line, dead.CreateRevision)
-	}
-	l := newLocker(t, c, "/kill")
-	waiter := startLock(context.Background(), l.Lock, "hot")
-	waitKeys(t, c, "/kill/", 2, 10*time.Second)
-	killed := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	g, err := waiter.within(t, testTTL+10*time.Second, "the waiter, once the holder was killed")
-	if err != nil {
-		t.Fatalf("the waiter: %v", err)
-	}
-	took := waiter.at.Sub(killed)
-	t.Logf("granted %v after SIGKILL (TTL %v)", took, testTTL)
-	if took > testTTL+time.Second {
-		t.Errorf("granted %v after SIGKILL, more than TTL + 1 s", took)
-	}
-	fenced := clientv3.Compare(clientv3.CreateRevision(string(dead.Key)), "=", dead.CreateRevision)
-	tr, err := c.Txn(context.Background()).If(fenced).Then(clientv3.OpPut("/data", "dead")).Commit()
-	if err != nil || tr.Succeeded {
-		t.Fatalf("write fenced with the dead grant: %v %v", tr, err)
-	}
-	if g.Token() <= uint64(dead.CreateRevision) {
-		t.Fatalf("token %d after the dead grant's %d", g.Token(), dead.CreateRevision)
-	}
-	mustUnlock(t, context.Background(), g)
 }
 
 // answered is a gRPC interceptor that, once armed, closes done when a

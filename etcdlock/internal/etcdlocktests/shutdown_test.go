@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/owner"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -255,7 +256,7 @@ func TestUnlockDuringCloseIsNotReportedLate(t *testing.T) {
 		return invoke(ctx, method, req, reply, cc, opts...)
 	}
 	c := interceptedClient(t, srv, holdDeletes)
-	o := &countingObserver{}
+	o := &disttest.Observer{}
 	l, err := etcdlock.New(c, "/unlockclose", etcdlock.WithTTL(testTTL), etcdlock.WithObserver(o))
 	if err != nil {
 		t.Fatal(err)
@@ -270,9 +271,7 @@ func TestUnlockDuringCloseIsNotReportedLate(t *testing.T) {
 	_ = l.Close(cctx) // gives up on the grant and unregisters the observer
 	close(release)
 	<-unlocked
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.unregistered || o.late != 0 {
-		t.Fatalf("observer unregistered %v, %d Releases heard after Unregister; want true, 0", o.unregistered, o.late)
+	if _, late := o.Released(); !o.Unregistered() || late != 0 {
+		t.Fatalf("observer unregistered %v, %d Releases heard after Unregister; want true, 0", o.Unregistered(), late)
 	}
 }
