@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 )
 
 // The Core's state: the Core type, which a backend's New makes (New) and
@@ -52,6 +53,7 @@ type Core struct {
 	unreg   func()       // removes the debug registration; nil without WithDebug
 	observe fairlock.Observer
 	debug   bool
+	process keylock.Process // this Locker's, as its engine records it with each call
 
 	// Closing: an open Core goes once through three stages, each marked
 	// by one context or channel that ends with it, in this order.
@@ -119,6 +121,7 @@ func New(cfg Config, s Settings) *Core {
 		logger:    s.Logger,
 		observe:   s.Observer,
 		debug:     s.Debug,
+		process:   keylock.LocalProcess(name),
 		closed:    make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		reread:    make(chan struct{}, 1),
@@ -180,6 +183,11 @@ func (k *Core) Closing() context.Context { return k.closing }
 
 // Name returns the Locker's name.
 func (k *Core) Name() string { return k.name }
+
+// Process returns where this Locker's calls come from (its host, process
+// id and name): what an engine records with each entry it writes, so
+// that a listing in any process names it (Lister).
+func (k *Core) Process() keylock.Process { return k.process }
 
 // Size returns a Semaphore's units per key; 0 for a Locker.
 func (k *Core) Size() int64 { return k.size }

@@ -3,6 +3,8 @@ package backend
 import (
 	"context"
 	"time"
+
+	"github.com/fairlock/fairlock/keylock"
 )
 
 // Engine is what a backend provides: its engine's protocol, and nothing
@@ -128,4 +130,26 @@ type Renewal struct {
 	// Gone lists the ids of the session's entries that are no longer in
 	// their queues: those calls are lost.
 	Gone []string
+}
+
+// Lister is an Engine that can list a key's calls across every process,
+// which an engine may implement: the kit then serves Core.Calls (a
+// backend's keylock.Lister) and adds, in the debug views, the calls of
+// other processes ahead of this Locker's on each of its keys.
+//
+// For it, an engine records with each entry the call's label
+// (Call.Label) and its Locker's process (Core.Process), and something
+// that gives its age; where it keeps them is its own business (in the
+// entry itself, beside it, or with its session), as long as they go with
+// the entry and cost the write that queues a call little.
+type Lister interface {
+	// List reads key's queue in the engine and returns its live calls
+	// (an entry whose session the engine has expired is not one): the
+	// granted ones first, as the engine's grant rule decides them (the
+	// rule of the package doc, a Turn whose turn has come included, held
+	// and transparent), then the waiting ones in queue order; each with
+	// its label and process as recorded, mode, units (Units calls only),
+	// token (granted calls only) and age. It makes its round trips with
+	// ctx and returns once ctx ends.
+	List(ctx context.Context, key string) ([]keylock.CallInfo, error)
 }
