@@ -61,8 +61,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -105,6 +103,8 @@ var (
 	_ keylock.RWLocker  = (*Locker)(nil)
 	_ keylock.Semaphore = (*Semaphore)(nil)
 	_ keylock.Lease     = (*Guard)(nil)
+	_ keylock.Lister    = (*Locker)(nil)
+	_ keylock.Lister    = (*Semaphore)(nil)
 )
 
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
@@ -155,14 +155,13 @@ func newLocker(op string, client *clientv3.Client, prefix string, size int64, op
 		kind = "etcdlock.Semaphore"
 	}
 	k := backend.New(backend.Config{Package: "etcdlock", Kind: kind, Size: size, DefaultName: "etcdlock"}, s)
-	host, _ := os.Hostname()
 	e := &engine{
 		k:      k,
 		client: client,
 		prefix: prefix,
 		root:   rootOf(prefix),
 		size:   size,
-		value:  host + ":" + strconv.Itoa(os.Getpid()) + " ",
+		value:  valuePrefix(k.Process()),
 	}
 	e.leases = leaseKeeper{
 		mu: k.Mu(), k: k, client: client, ttl: s.TTL,
@@ -224,6 +223,17 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 		return false, backend.CallError(ctx, "Locked", key, err)
 	}
 	return resp.Count > 0, nil
+}
+
+// Calls lists key's calls in every process at this instant, in grant
+// order (keylock.Lister): each with the label of the flow that made it,
+// its process (host, pid and the Locker's name), its mode, its token if
+// it holds the key, and its age by the wall clocks of the writer and of
+// this process. It is one linearizable read of the key's range. It
+// returns a *fairlock.LockError wrapping the context's error, ErrClosed
+// after Close, or etcd's error. A nil ctx panics.
+func (l *Locker) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return l.k.Calls(ctx, key)
 }
 
 // Close closes the Locker. Later calls (Lock, TryLock, RLock, TryRLock,

@@ -93,6 +93,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, key string, w int64) (keyloc
 	return asLease(s.locker("TryAcquire").k.Acquire(ctx, "TryAcquire", key, backend.Units, w, true))
 }
 
+// Calls lists key's calls in every process at this instant, as
+// Locker.Calls does, with each call's units.
+func (s *Semaphore) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return s.locker("Calls").Calls(ctx, key)
+}
+
 // Close closes the Semaphore as Locker.Close closes a Locker: later
 // calls and queued ones fail with fairlock.ErrClosed, Close waits until
 // ctx ends for the units held to be given back, then revokes the lease.
