@@ -29,6 +29,7 @@ type engine struct {
 	units   int64  // the semaphore's n; 0 for a Locker
 	ttlMs   string // the TTL in ms, as the scripts take it
 	sid     string // the session id: random, hex
+	proc    string // the Locker's process, as its markers hold it (list.go)
 	pubsub  *redis.PubSub
 	seq     atomic.Uint64 // numbers the entries this Locker writes
 	stray   sync.WaitGroup
@@ -93,7 +94,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	sent := time.Now()
 	v, err := enqueueScript.Run(ctx, e.client,
 		[]string{n.queue, n.counter, n.markers + e.sid},
-		n.markers, e.channel, member, e.ttlMs, kind).Int64Slice()
+		n.markers, e.channel, member, e.ttlMs, kind, e.proc, c.Label()).Int64Slice()
 	if err != nil {
 		return backend.Enqueued{}, err
 	}

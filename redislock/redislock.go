@@ -102,6 +102,8 @@ var (
 	_ keylock.RWLocker  = (*Locker)(nil)
 	_ keylock.Semaphore = (*Semaphore)(nil)
 	_ keylock.Lease     = (*Guard)(nil)
+	_ keylock.Lister    = (*Locker)(nil)
+	_ keylock.Lister    = (*Semaphore)(nil)
 )
 
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
@@ -182,6 +184,7 @@ func start(client redis.UniversalClient, prefix string, n int64, kind, stem stri
 		units:  n,
 		ttlMs:  strconv.FormatInt(s.TTL.Milliseconds(), 10),
 		sid:    hex.EncodeToString(id[:]),
+		proc:   procValue(k.Process()),
 	}
 	e.channel = "{" + e.esc + "}grants"
 	if err := e.subscribe(); err != nil {
@@ -241,6 +244,24 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 		return false, backend.CallError(ctx, "Locked", key, err)
 	}
 	return n > 0, nil
+}
+
+// Calls lists key's calls in every process at this instant, in grant
+// order (keylock.Lister): each with the label of the flow that made it,
+// its process (host, pid and the Locker's name), its mode, its token if
+// it holds the key, and its age by the server's clock. It is one script,
+// which purges the dead entries at the head of the key's queue first, as
+// Locked does; its cost grows with the queue's length. It returns a
+// *fairlock.LockError wrapping the context's error (the script may still
+// run), ErrClosed after Close, or Redis's error. A nil ctx panics.
+func (l *Locker) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return l.k.Calls(ctx, key)
+}
+
+// Calls lists key's calls in every process at this instant, as
+// Locker.Calls does, with each call's units.
+func (s *Semaphore) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return s.k.Calls(ctx, key)
 }
 
 // Close closes the Locker. Later calls return ErrClosed, and queued calls
