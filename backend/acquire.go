@@ -78,6 +78,7 @@ func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w 
 	if ctx.Err() != nil {
 		return nil, ctxerr.Of(ctx)
 	}
+	label := owner.LabelOf(ctx) // ctx.Value: the caller's code, so before k.mu
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closing.Err() != nil {
@@ -90,7 +91,7 @@ func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w 
 		}
 	}
 	c := &Call{
-		core: k, key: key, owner: id, mode: mode, w: w, try: try, since: time.Now(),
+		core: k, key: key, owner: id, label: label, mode: mode, w: w, try: try, since: time.Now(),
 		lost: make(chan struct{}), sem: make(chan struct{}, 1), wake: make(chan struct{}, 1),
 	}
 	k.keys[key] = append(k.keys[key], c)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 )
 
 // The Core's bookkeeping under its mutex (a call's place in its key's
@@ -51,6 +52,11 @@ func (k *Core) Closing() context.Context { return k.closing }
 
 // Name returns the Locker's name.
 func (k *Core) Name() string { return k.name }
+
+// Process returns where this Locker's calls come from (its host, process
+// id and name): what an engine records with each entry it writes, so
+// that a listing in any process names it (Lister).
+func (k *Core) Process() keylock.Process { return k.process }
 
 // Size returns a Semaphore's units per key; 0 for a Locker.
 func (k *Core) Size() int64 { return k.size }
@@ -208,9 +214,6 @@ const idleFor = time.Second
 
 // maxIdle bounds the workers waiting.
 const maxIdle = 16
-
-// worker is a goroutine that runs round trips (work).
-type worker struct{ job chan func() }
 
 // spawn runs fn on an idle worker, or a new one.
 func (k *Core) spawn(fn func()) {

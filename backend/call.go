@@ -50,6 +50,14 @@ func (c *Call) Since() time.Time { return c.since }
 // The Core's mutex must be held, or the call not yet granted.
 func (c *Call) Owner() owner.ID { return c.owner }
 
+// Label returns the label of the call's owner, read from the call's
+// context when it began (owner.LabelOf), or, after a HandOff, the new
+// owner's (owner.ID.Label, read then); "" for an owner without one. An
+// engine records it with the call's entry so that a listing in another
+// process shows it (Lister). The Core's mutex must be held, or the call
+// not yet granted.
+func (c *Call) Label() string { return c.label }
+
 // ID returns the id the call's current entry was named with (Name); ""
 // before. The Core's mutex must be held, or the call granted.
 func (c *Call) ID() string { return c.id }

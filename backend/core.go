@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"sync"
+
+	"github.com/fairlock/fairlock/keylock"
 )
 
 // A Core's life: New makes it and Start starts it, once the backend has
@@ -39,6 +41,7 @@ func New(cfg Config, s Settings) *Core {
 		logger:    s.Logger,
 		observe:   s.Observer,
 		debug:     s.Debug,
+		process:   keylock.LocalProcess(name),
 		closed:    make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		reread:    make(chan struct{}, 1),

@@ -48,7 +48,12 @@ type debugSource struct{ k *Core }
 // the holders with their mode (exclusive, shared, or units for a
 // Semaphore, with how many), fencing tokens and ages, and the queued
 // calls in arrival order with what each asks for. Keys are quoted after
-// the Core's mutex is released.
+// the Core's mutex is released. For an engine that can list (Lister), it
+// then reads, for each key it reports, the calls of other processes
+// ahead of this Locker's (KeyState.Ahead): one listing per key, one key
+// after another, all within aheadBudget, so that a slow or unreachable
+// engine delays a dump by that much at most; the keys it had no time
+// for, or whose read failed, say so (KeyState.AheadError).
 func (src debugSource) DebugState(limit int) registry.LockerState {
 	k := src.k
 	type raw struct {
@@ -78,11 +83,11 @@ func (src debugSource) DebugState(limit int) registry.LockerState {
 				ks.Units += units
 				ks.HeldFor = max(ks.HeldFor, age)
 				ks.Holders = append(ks.Holders, registry.HolderState{
-					Owner: c.owner.Name(), Label: c.owner.Label(), Token: c.token, Units: units, Since: c.grantedAt, For: age,
+					Owner: c.owner.Name(), Label: c.label, Token: c.token, Units: units, Since: c.grantedAt, For: age,
 				})
 			case queued:
 				ks.Waiters = append(ks.Waiters, registry.WaiterState{
-					Owner: c.owner.Name(), Label: c.owner.Label(), Mode: c.mode.String(), Units: units, Since: c.since, For: now.Sub(c.since),
+					Owner: c.owner.Name(), Label: c.label, Mode: c.mode.String(), Units: units, Since: c.since, For: now.Sub(c.since),
 				})
 				st.Waiters++
 			}
@@ -94,11 +99,18 @@ func (src debugSource) DebugState(limit int) registry.LockerState {
 	k.mu.Unlock()
 	st.Keys = len(raws)
 	st.Held = make([]registry.KeyState, len(raws))
+	unquoted := make(map[string]string, len(raws))
 	for i, r := range raws {
 		st.Held[i] = r.state
 		st.Held[i].Key = strconv.Quote(r.key)
+		unquoted[st.Held[i].Key] = r.key
 	}
 	st.Held, st.Omitted = registry.Keep(st.Held, limit)
+	keys := make([]string, len(st.Held))
+	for i := range st.Held {
+		keys[i] = unquoted[st.Held[i].Key]
+	}
+	k.ahead(keys, st.Held)
 	st.Time = time.Now()
 	return st
 }

@@ -115,6 +115,18 @@ func (l *Locker) Wait(ctx context.Context, key string) error {
 // the details.
 func (l *Locker) Close(ctx context.Context) error { return l.check("Close").Close(ctx) }
 
+// Calls lists key's calls in every process at this instant, in grant
+// order (keylock.Lister): each with the label of the flow that made it
+// (owner.NewLabeledContext), its process (host, pid and the Locker's
+// name), its mode or units, its token if it holds the key, and its age.
+// It is one read of the engine (the backend's package doc says how the
+// engine records these). It returns a *fairlock.LockError wrapping the
+// context's error, ErrClosed after Close, errors.ErrUnsupported for an
+// engine that cannot list, or the engine's error. A nil ctx panics.
+func (l *Locker) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return l.check("Calls").Calls(ctx, key)
+}
+
 // check returns l's Core, or panics, naming op, on a Locker not made by
 // its backend's New.
 func (l *Locker) check(op string) *Core {
@@ -171,6 +183,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, key string, w int64) (keyloc
 
 // Close closes the Semaphore as Locker.Close closes a Locker.
 func (s *Semaphore) Close(ctx context.Context) error { return s.check("Close").Close(ctx) }
+
+// Calls lists key's calls in every process at this instant, as
+// Locker.Calls does, with each call's units.
+func (s *Semaphore) Calls(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	return s.check("Calls").Calls(ctx, key)
+}
 
 // check returns s's Core, or panics, naming op, on a Semaphore not made
 // by its backend's NewSemaphore.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/owner"
 )
 
@@ -66,6 +67,7 @@ type Call struct {
 
 	// Guarded by the Core's mutex.
 	owner      owner.ID
+	label      string   // the owner's label: owner.LabelOf of the call's ctx, or to's after a HandOff
 	id         string   // the entry's id in the engine (Name)
 	token      uint64   // the entry's fencing token
 	session    *Session // the session whose renewals keep the entry
@@ -120,6 +122,7 @@ type Core struct {
 	unreg   func()       // removes the debug registration; nil without WithDebug
 	observe fairlock.Observer
 	debug   bool
+	process keylock.Process // this Locker's, as its engine records it with each call
 
 	// Closing: an open Core goes once through three stages, each marked
 	// by one context or channel that ends with it, in this order.
@@ -315,3 +318,28 @@ type Session struct {
 	ended      bool
 	data       any
 }
+
+// Lister is an Engine that can list a key's calls across every process,
+// which an engine may implement: the kit then serves Core.Calls (a
+// backend's keylock.Lister) and adds, in the debug views, the calls of
+// other processes ahead of this Locker's on each of its keys.
+//
+// For it, an engine records with each entry the call's label
+// (Call.Label) and its Locker's process (Core.Process), and something
+// that gives its age; where it keeps them is its own business (in the
+// entry itself, beside it, or with its session), as long as they go with
+// the entry and cost the write that queues a call little.
+type Lister interface {
+	// List reads key's queue in the engine and returns its live calls
+	// (an entry whose session the engine has expired is not one): the
+	// granted ones first, as the engine's grant rule decides them (the
+	// rule of the package doc, a Turn whose turn has come included, held
+	// and transparent), then the waiting ones in queue order; each with
+	// its label and process as recorded, mode, units (Units calls only),
+	// token (granted calls only) and age. It makes its round trips with
+	// ctx and returns once ctx ends.
+	List(ctx context.Context, key string) ([]keylock.CallInfo, error)
+}
+
+// worker is a goroutine that runs round trips (work).
+type worker struct{ job chan func() }

@@ -77,6 +77,7 @@ func (c *Call) HandOff(to owner.ID) bool {
 		}
 	}
 	c.owner = to
+	c.label = to.Label() // to's flow, while the caller has its context
 	return true
 }
 

@@ -18,7 +18,9 @@
 // Lockers and Semaphores built with fairlock.WithDebug, and those of the
 // backends across processes built with their own WithDebug option
 // (etcdlock.WithDebug, redislock.WithDebug), register themselves while
-// they are open; a backend's show only its own process's calls. The registry lives in package debug/registry, which the
+// they are open; a backend's show its own process's calls, and, for each
+// key, the calls of other processes ahead of them that it reads from its
+// engine (KeyState.Ahead). The registry lives in package debug/registry, which the
 // lockers import, so a program that uses fairlock without this package
 // links no net/http.
 package debug
@@ -58,6 +60,8 @@ type LockerState = registry.LockerState
 //	LongHeld bool          "long_held"   HeldFor is past the locker's LongHeld threshold
 //	Holders  []HolderState "holders"     in the order they were granted
 //	Waiters  []WaiterState "waiters"     in the order they will be granted
+//	Ahead    []RemoteState "ahead"       a locker across processes: other processes' calls ahead of this locker's, read from the engine
+//	AheadError string      "ahead_error" why Ahead was not read; "" when it was
 type KeyState = registry.KeyState
 
 // HolderState is one grant of a key. Its fields (JSON names in quotes):
@@ -83,6 +87,21 @@ type HolderState = registry.HolderState
 //	LongWait bool          "long_wait"   For is past the locker's LongHeld threshold
 //	Stack    []string      "stack"       the call's stack; only with WithStacks
 type WaiterState = registry.WaiterState
+
+// RemoteState is a call of another process on a key, as a locker across
+// processes read it from its engine (KeyState.Ahead). Its fields (JSON
+// names in quotes):
+//
+//	Host   string        "host"   the host it was made on
+//	PID    int           "pid"    its process id there
+//	Locker string        "locker" the name of the locker that made it
+//	Label  string        "label"  its owner's label; omitted if none
+//	Mode   string        "mode"   Exclusive, Shared, Units or Wait
+//	Units  int64         "units"  Semaphore: units held or asked for; omitted if 0
+//	Held   bool          "held"   it holds the key
+//	Token  uint64        "token"  a held call's fencing token; omitted for a waiter
+//	Age    time.Duration "age_ns" how long ago it queued, on its backend's clock (keylock.Lister)
+type RemoteState = registry.RemoteState
 
 // The modes of KeyState, HolderState and WaiterState.
 const (

@@ -26,6 +26,14 @@ import (
 //	      holder: flow#12 "req-42" token 41 for 2.31s LONG
 //	          main.handle /src/app/main.go:42
 //	      waiter 1: goroutine#55 exclusive waiting 2.3s LONG
+//
+// A locker across processes (etcdlock, redislock) adds, for each of its
+// keys, the calls of other processes ahead of its own, as it read them
+// from its engine (KeyState.Ahead): where each was made (host:pid and
+// the locker's name), its owner's label, its mode, its token if it
+// holds the key, and how long ago it queued:
+//
+//	ahead 1: holder in web-2:4242 "redislock-1" "req-42" exclusive token 1718000000123456, queued 4.1s ago
 func Dump(w io.Writer) error {
 	return writeText(w, registry.Snapshot("", 0))
 }
@@ -82,6 +90,27 @@ func writeLocker(w io.Writer, st LockerState) {
 			}
 			fmt.Fprintf(w, " waiting %s%s\n", human(wt.For), mark(wt.LongWait))
 			writeStack(w, wt.Stack)
+		}
+		for i, a := range k.Ahead {
+			role := "waiter"
+			if a.Held {
+				role = "holder"
+			}
+			fmt.Fprintf(w, "      ahead %d: %s in %s:%d %s", i+1, role, a.Host, a.PID, strconv.Quote(a.Locker))
+			if a.Label != "" {
+				fmt.Fprintf(w, " %s", strconv.Quote(a.Label))
+			}
+			fmt.Fprintf(w, " %s", a.Mode)
+			if a.Units > 0 {
+				fmt.Fprintf(w, " (%s)", count(a.Units, "unit"))
+			}
+			if a.Held {
+				fmt.Fprintf(w, " token %d", a.Token)
+			}
+			fmt.Fprintf(w, ", queued %s ago\n", human(a.Age))
+		}
+		if k.AheadError != "" {
+			fmt.Fprintf(w, "      ahead: not read (%s)\n", k.AheadError)
 		}
 	}
 	if st.Omitted > 0 {

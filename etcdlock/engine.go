@@ -31,7 +31,7 @@ type engine struct {
 	prefix string // as given to New
 	root   string // rootOf(prefix): every etcd key of the Locker starts with it
 	size   int64  // a Semaphore's units per key; 0 for a Locker
-	value  string // "host:pid ": the start of every key's value
+	value  string // valuePrefix: the start of every key's value (list.go)
 	seq    atomic.Uint64
 	leases leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
 	hub    hub         // the watch and its dispatch (hub.go)
@@ -71,7 +71,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		}
 		name := newName(e.root, c.Key(), ls.id, e.seq.Add(1), want)
 		c.Name(name)
-		put := clientv3.OpPut(name, e.value+c.Owner().String(), clientv3.WithLease(ls.id))
+		put := clientv3.OpPut(name, valueOf(e.value, c.Owner().Name(), c.Label(), time.Now()), clientv3.WithLease(ls.id))
 		build := func(tctx context.Context) clientv3.Txn {
 			txn := e.client.Txn(tctx)
 			switch {
@@ -411,6 +411,7 @@ func (e *engine) claimOf(c *backend.Call) claim {
 }
 
 var _ backend.Watcher = (*engine)(nil)
+var _ backend.Lister = (*engine)(nil)
 var _ backend.SessionEnder = (*engine)(nil)
 
 // Renew sends the renewal of each session's lease: one KeepAliveOnce, or,

@@ -61,8 +61,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -103,6 +101,7 @@ type Locker struct {
 var (
 	_ keylock.RWLocker = (*Locker)(nil)
 	_ keylock.Lease    = (*Guard)(nil)
+	_ keylock.Lister   = (*Locker)(nil)
 )
 
 // ErrLost is the error, wrapped in a *fairlock.LockError with Op "Unlock",
@@ -154,14 +153,13 @@ func start(op string, client *clientv3.Client, prefix string, size int64, opts [
 		kind = "etcdlock.Semaphore"
 	}
 	k := backend.New(backend.Config{Package: "etcdlock", Kind: kind, Size: size, DefaultName: "etcdlock"}, s)
-	host, _ := os.Hostname()
 	e := &engine{
 		k:      k,
 		client: client,
 		prefix: prefix,
 		root:   rootOf(prefix),
 		size:   size,
-		value:  host + ":" + strconv.Itoa(os.Getpid()) + " ",
+		value:  valuePrefix(k.Process()),
 	}
 	e.leases = leaseKeeper{
 		mu: k.Mu(), k: k, client: client, ttl: s.TTL,

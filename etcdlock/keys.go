@@ -4,8 +4,10 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/keylock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -21,8 +23,10 @@ import (
 // range P/<escape(k)>/ holds k's calls and no other key's ("a" and "a/b"
 // are P/a/ and P/a%2Fb/, disjoint). Within a range, the key with the
 // smallest creation revision is the holder and the others wait in
-// creation-revision order. The value is "host:pid owner", for people
-// looking at the prefix with etcdctl; the Locker never reads it.
+// creation-revision order. The value says where the call comes from,
+// when it was written, and its owner and label (list.go): what a listing
+// reads (Locker.Calls), and what people looking at the prefix with
+// etcdctl see; the grant never depends on it.
 //
 // The last segment also says what the call asks for, so that every
 // process decides a grant from the names of the keys ahead alone (a
@@ -215,4 +219,51 @@ func leaseOf(name string) string {
 	last := name[strings.LastIndexByte(name, '/')+1:]
 	id, _, _ := strings.Cut(last, "-")
 	return id
+}
+
+// The value of a call's key (list.go says what reads it).
+
+// valuePrefix returns the start of every value a Locker named name in
+// this process writes: `host:pid "name" `.
+func valuePrefix(p keylock.Process) string {
+	return p.Host + ":" + strconv.Itoa(p.PID) + " " + strconv.Quote(p.Locker) + " "
+}
+
+// valueOf returns the value of the key of a call of owner name own with
+// label, written now by the Locker whose valuePrefix is prefix.
+func valueOf(prefix, own, label string, now time.Time) string {
+	b := make([]byte, 0, len(prefix)+len(own)+len(label)+24)
+	b = append(b, prefix...)
+	b = strconv.AppendInt(b, now.UnixMicro(), 10)
+	b = append(b, ' ')
+	b = append(b, own...)
+	if label != "" {
+		b = append(b, ' ')
+		b = strconv.AppendQuote(b, label)
+	}
+	return string(b)
+}
+
+// parseValue reads a value that valueOf wrote: the process, the write's
+// wall clock and the label. A value it cannot read whole (a release that
+// wrote "host:pid owner") gives what it could read of it.
+func parseValue(v string) (p keylock.Process, at time.Time, label string) {
+	hp, rest, _ := strings.Cut(v, " ")
+	if i := strings.LastIndexByte(hp, ':'); i >= 0 {
+		p.Host = hp[:i]
+		p.PID, _ = strconv.Atoi(hp[i+1:])
+	}
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return p, at, ""
+	}
+	p.Locker, _ = strconv.Unquote(q)
+	us, rest, _ := strings.Cut(strings.TrimPrefix(rest[len(q):], " "), " ")
+	if n, err := strconv.ParseInt(us, 10, 64); err == nil {
+		at = time.UnixMicro(n)
+	}
+	if _, l, ok := strings.Cut(rest, " "); ok { // past the owner
+		label, _ = strconv.Unquote(l)
+	}
+	return p, at, label
 }

@@ -61,4 +61,7 @@ func NewSemaphore(client *clientv3.Client, prefix string, n int64, opts ...Optio
 	return &Semaphore{backend.NewSemaphore(k, guardOf), e}, nil
 }
 
-var _ keylock.Semaphore = (*Semaphore)(nil)
+var (
+	_ keylock.Semaphore = (*Semaphore)(nil)
+	_ keylock.Lister    = (*Semaphore)(nil)
+)

@@ -29,6 +29,7 @@ var layers = []string{
 	"guard.go",
 	"lock.go",
 	"debug.go",
+	"calls.go",
 	"lifecycle.go",
 	"locker.go",
 	"semaphore.go",

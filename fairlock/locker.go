@@ -198,6 +198,18 @@ func (l *Locker[K]) Len() int { return l.t.Len() }
 // operation. It allocates nothing.
 func (l *Locker[K]) Stats() Stats { return l.t.stats() }
 
+// Calls returns key's calls at this instant: its holders in grant order,
+// then its queued calls (Lock, RLock, Wait) in the order they will be
+// granted, each with its owner, label, mode and, for a holder, token. A
+// key without calls gives nil. It takes key's shard mutex once and
+// allocates the slice; it is for listings and health checks
+// (keylock.Lister), not for every operation.
+func (l *Locker[K]) Calls(key K) []KeyCall { return l.t.calls(key) }
+
+// Name returns the Locker's name: WithName's, or the one New generated
+// ("fairlock-N").
+func (l *Locker[K]) Name() string { return l.t.name }
+
 // Close closes the Locker: later calls return ErrClosed, and queued
 // waiters (Lock, RLock, Wait) wake with ErrClosed at once. Close then
 // waits until every holder has unlocked or ctx is done, whichever comes

@@ -95,6 +95,14 @@ func (s *Semaphore[K]) Len() int { return s.t.Len() }
 // each shard mutex in turn and allocates nothing.
 func (s *Semaphore[K]) Stats() Stats { return s.t.stats() }
 
+// Calls returns key's calls at this instant, as Locker.Calls does, with
+// each call's units.
+func (s *Semaphore[K]) Calls(key K) []KeyCall { return s.t.calls(key) }
+
+// Name returns the Semaphore's name: WithName's, or the one NewSemaphore
+// generated.
+func (s *Semaphore[K]) Name() string { return s.t.name }
+
 // Close closes the Semaphore as Locker.Close closes a Locker: later calls
 // return ErrClosed, queued waiters wake with ErrClosed, and Close waits
 // until every holder has given its units back or ctx is done, then

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/owner"
 )
@@ -47,6 +48,11 @@ func InProcessSemaphore(s *fairlock.Semaphore[string]) Semaphore {
 	return inProcessSemaphore{s}
 }
 
+var (
+	_ Lister = inProcess{}
+	_ Lister = inProcessSemaphore{}
+)
+
 // inProcess is the view InProcess returns. One pointer, so that the
 // interface value holds it without an allocation.
 type inProcess struct{ l *fairlock.Locker[string] }
@@ -71,6 +77,15 @@ func (v inProcess) Wait(ctx context.Context, key string) error { return v.l.Wait
 
 func (v inProcess) Close(ctx context.Context) error { return v.l.Close(ctx) }
 
+// Calls lists key's calls through fairlock's Locker.Calls (see Lister for
+// what it records); it fails only if ctx is done.
+func (v inProcess) Calls(ctx context.Context, key string) ([]CallInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &fairlock.LockError{Op: "Calls", Key: key, Owner: owner.Of(ctx), Err: ctxerr.Of(ctx)}
+	}
+	return callInfos(v.l.Calls(key), v.l.Name()), nil
+}
+
 // inProcessSemaphore is the view InProcessSemaphore returns.
 type inProcessSemaphore struct{ s *fairlock.Semaphore[string] }
 
@@ -83,6 +98,33 @@ func (v inProcessSemaphore) TryAcquire(ctx context.Context, key string, w int64)
 }
 
 func (v inProcessSemaphore) Close(ctx context.Context) error { return v.s.Close(ctx) }
+
+// Calls lists key's calls through fairlock's Semaphore.Calls, as the
+// Locker's view does.
+func (v inProcessSemaphore) Calls(ctx context.Context, key string) ([]CallInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &fairlock.LockError{Op: "Calls", Key: key, Owner: owner.Of(ctx), Err: ctxerr.Of(ctx)}
+	}
+	return callInfos(v.s.Calls(key), v.s.Name()), nil
+}
+
+// callInfos turns fairlock's record of a key's calls into a listing for
+// a Locker named name in this process.
+func callInfos(kcs []fairlock.KeyCall, name string) []CallInfo {
+	if len(kcs) == 0 {
+		return nil
+	}
+	p := LocalProcess(name)
+	now := time.Now()
+	out := make([]CallInfo, len(kcs))
+	for i, kc := range kcs {
+		out[i] = CallInfo{Label: kc.Label, Process: p, Mode: kc.Mode, Units: kc.Units, Held: kc.Held, Token: kc.Token}
+		if !kc.Since.IsZero() {
+			out[i].Age = max(now.Sub(kc.Since), 0)
+		}
+	}
+	return out
+}
 
 // leaseOf turns a call's result into the interface's: the Guard as a
 // Lease, or a nil interface (never a typed nil inside one) and the error.

@@ -31,6 +31,7 @@ type engine struct {
 	units    int64  // the semaphore's n; 0 for a Locker
 	ttlMs    string // the TTL in ms, as the scripts take it
 	sid      string // the session id: random, hex
+	proc     string // the Locker's process, as its markers hold it (list.go)
 	pubsub   *redis.PubSub
 	replicas replicas      // WithReplicas: n 0 for none
 	seq      atomic.Uint64 // numbers the entries this Locker writes
@@ -95,7 +96,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	n := namesOf(e.esc, key)
 	sent := time.Now()
 	keys := []string{n.queue, n.counter, n.markers + e.sid}
-	args := []any{n.markers, e.channel, member, e.ttlMs, kind}
+	args := []any{n.markers, e.channel, member, e.ttlMs, kind, e.proc, c.Label()}
 	var v []int64
 	var err error
 	acks := int64(-1)
@@ -234,7 +235,10 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 	return left, nil
 }
 
-var _ backend.Checker = (*engine)(nil)
+var (
+	_ backend.Checker = (*engine)(nil)
+	_ backend.Lister  = (*engine)(nil)
+)
 
 // serverOf returns the server that holds key's slot: its master on a
 // Cluster, else the client itself.

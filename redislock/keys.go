@@ -1,15 +1,22 @@
 package redislock
 
-import "github.com/fairlock/fairlock/backend"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/keylock"
+)
 
 // The key layout. A Locker (or Semaphore) with prefix P keeps, for a lock
-// key k, three kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
+// key k, four kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
 // that they share one hash slot (one script may touch them all, on a
 // Redis Cluster too) while different lock keys spread over the slots:
 //
 //	{E(P)/E(k)}q       the queue: a sorted set, one entry per call (scripts.go)
 //	{E(P)/E(k)}n       the fencing counter: the last token handed out for k
-//	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL
+//	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL; its value is the Locker's process
+//	{E(P)/E(k)}l       the labels: a hash, entry → its call's label, for labelled calls only
 //
 // E percent-encodes '%', '/', '{' and '}' and nothing else, so the tag is
 // the whole {…} (Redis hashes what lies between the first '{' and the
@@ -20,7 +27,8 @@ import "github.com/fairlock/fairlock/backend"
 // Every one of them goes once the key is idle, so that the server's
 // memory follows the keys in use, not every key ever locked. The queue
 // comes and goes with the calls (Redis deletes an empty sorted set). A
-// marker is set with the TTL by its session's enqueue, renewed while the
+// label goes with its entry, whichever script removes it, and the hash
+// with its last label. A marker is set with the TTL by its session's enqueue, renewed while the
 // session has calls on the key, and deleted by the release that leaves
 // the queue empty; the marker of a session whose last call left while
 // others were queued expires with its TTL. The counter is set by each
@@ -57,4 +65,22 @@ type names struct {
 func namesOf(esc, key string) names {
 	tag := "{" + esc + "/" + escape(key) + "}"
 	return names{queue: tag + "q", counter: tag + "n", markers: tag + "s:"}
+}
+
+// procValue is the value of a Locker's markers: its process.
+func procValue(p keylock.Process) string {
+	return p.Host + ":" + strconv.Itoa(p.PID) + " " + strconv.Quote(p.Locker)
+}
+
+// parseProc reads a marker's value (procValue); what it cannot read
+// stays empty.
+func parseProc(v string) keylock.Process {
+	var p keylock.Process
+	hp, name, _ := strings.Cut(v, " ")
+	if i := strings.LastIndexByte(hp, ':'); i >= 0 {
+		p.Host = hp[:i]
+		p.PID, _ = strconv.Atoi(hp[i+1:])
+	}
+	p.Locker, _ = strconv.Unquote(name)
+	return p
 }

@@ -101,6 +101,8 @@ var (
 	_ keylock.RWLocker  = (*Locker)(nil)
 	_ keylock.Semaphore = (*Semaphore)(nil)
 	_ keylock.Lease     = (*Guard)(nil)
+	_ keylock.Lister    = (*Locker)(nil)
+	_ keylock.Lister    = (*Semaphore)(nil)
 )
 
 // New returns a Locker whose queues live under prefix in the Redis that
@@ -169,6 +171,7 @@ func start(client redis.UniversalClient, prefix string, n int64, kind, stem stri
 		units:  n,
 		ttlMs:  strconv.FormatInt(s.TTL.Milliseconds(), 10),
 		sid:    hex.EncodeToString(id[:]),
+		proc:   procValue(k.Process()),
 	}
 	e.channel = "{" + e.esc + "}grants"
 	for _, v := range s.Engine {

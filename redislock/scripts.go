@@ -25,6 +25,13 @@ import (
 // entries ahead of it (walk below), so a grant is never a separate write
 // that could be lost.
 //
+// What a listing in another process shows (list.go) is kept beside the
+// queue: a session's marker holds its Locker's process (host, pid and
+// name), and a labelled call's label is a field of the key's label hash,
+// named by the entry, written by the enqueue only for a call that has a
+// label. Every script that removes an entry removes its label with it
+// (unlist), so the hash empties, and Redis deletes it, as the queue does.
+//
 // An entry lives while its session's marker on the key exists. A script
 // that walks the head of a queue removes the entries of sessions whose
 // marker expired (purge), so a dead process's entries go the first time
@@ -38,11 +45,18 @@ import (
 
 // prelude is shared by the scripts that walk a queue. KEYS[1] is the
 // queue; ARGV[1] the prefix of the key's session markers, ARGV[2] the
-// channel.
+// channel. The label hash's name is the queue's with its last letter
+// changed (keys.go): in the same hash slot, as the markers are.
 const prelude = `
 local q = KEYS[1]
 local mpre = ARGV[1]
 local chan = ARGV[2]
+local lkey = string.sub(q, 1, -2) .. 'l'
+-- unlist removes entry m from the queue, and its label.
+local function unlist(m)
+  redis.call('ZREM', q, m)
+  redis.call('HDEL', lkey, m)
+end
 local alive = {}
 local function live(sid)
   local a = alive[sid]
@@ -83,7 +97,7 @@ local function walk(purge)
     for _, m in ipairs(batch) do
       local sid, mode, w, n = parse(m)
       if purge and not live(sid) then
-        redis.call('ZREM', q, m)
+        unlist(m)
       elseif mode == 'w' and cnt == 0 then
         granted[#granted + 1] = m
         i = i + 1
@@ -119,8 +133,9 @@ end
 // enqueueScript queues a call. KEYS: queue, counter, this session's
 // marker. ARGV: marker prefix, channel, entry, TTL in ms, kind ("l" queue,
 // "t" only if granted at once, "w" a Wait: nothing if its turn would come
-// at once). It returns {1, token, granted (0/1)}; {0} for a Try that would
-// wait; {2} for a Wait whose turn would come at once (an empty queue, or
+// at once), the Locker's process (the marker's value), the call's label
+// ("" for none). It returns {1, token, granted (0/1)}; {0} for a Try that
+// would wait; {2} for a Wait whose turn would come at once (an empty queue, or
 // one of Waits whose turn has come); {-1, n} when the queue holds a
 // semaphore entry of another size n. It is idempotent per entry: go-redis
 // sends a script again when its reply is lost (EOF, a read timeout), and a
@@ -157,7 +172,7 @@ end
 // writes an integral double exactly, and a sorted set's score is a
 // double too. The reply's token is converted to a Redis integer exactly.
 var enqueueScript = redis.NewScript(`
-local member, ttl, kind = ARGV[3], ARGV[4], ARGV[5]
+local member, ttl, kind, proc, label = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 -- The token: above the key's counter, above every entry queued (top, the
 -- highest score), and not below the server's clock in microseconds (see
 -- the comment above).
@@ -176,9 +191,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   -- the prelude's functions are even made). The call is granted at once
   -- (a Wait's turn has come: nothing is written).
   if kind == 'w' then return {2} end
-  redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  redis.call('SET', KEYS[3], proc, 'PX', ttl)
   local token, tok = nextToken(nil)
   redis.call('ZADD', KEYS[1], tok, member)
+  if label ~= '' then redis.call('HSET', string.sub(KEYS[1], 1, -2) .. 'l', member, label) end
   return {1, token, 1}
 end
 ` + prelude + `
@@ -190,7 +206,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   -- comes back.
   local pre = sid .. '|'
   for _, m in ipairs(redis.call('ZRANGE', q, 0, -1)) do
-    if string.sub(m, 1, #pre) == pre then redis.call('ZREM', q, m) end
+    if string.sub(m, 1, #pre) == pre then unlist(m) end
   end
 end
 local g, cnt, shared, units, sum = walk(true)
@@ -201,7 +217,7 @@ if had then
   -- did; a second ZADD would move the entry behind later calls while its
   -- grant may already have been announced, and a Try would answer {0}
   -- with its entry left holding the key.
-  redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  redis.call('SET', KEYS[3], proc, 'PX', ttl)
   notify(before, g)
   for _, m in ipairs(g) do
     if m == member then return {1, tonumber(had), 1} end
@@ -225,10 +241,11 @@ if (kind == 't' and not now) or (kind == 'w' and now) then
   if kind == 't' then return {0} end
   return {2}
 end
-redis.call('SET', KEYS[3], '1', 'PX', ttl)
+redis.call('SET', KEYS[3], proc, 'PX', ttl)
 local top = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
 local token, tok = nextToken(top[2] and tonumber(top[2]))
 redis.call('ZADD', q, tok, member)
+if label ~= '' then redis.call('HSET', lkey, member, label) end
 notify(before, g)
 if now then return {1, token, 1} end
 return {1, token, 0}
@@ -253,12 +270,14 @@ if redis.call('ZCARD', KEYS[1]) == 1 and redis.call('ZREM', KEYS[1], ARGV[3]) ==
   -- The entry was the queue's only one: nothing is granted by its
   -- release, and the queue is gone (so this comes before the prelude's
   -- functions are even made).
+  redis.call('HDEL', string.sub(KEYS[1], 1, -2) .. 'l', ARGV[3])
   redis.call('DEL', KEYS[2])
   return {current}
 end
 ` + prelude + `
 local before = walk(false)
 local removed = redis.call('ZREM', q, ARGV[3])
+redis.call('HDEL', lkey, ARGV[3])
 local res = {removed * current}
 for _, m in ipairs(notify(before, walk(true))) do res[#res + 1] = m end
 if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
@@ -369,11 +388,49 @@ local stale = false
 for _, m in ipairs(head) do
   local s, seq = string.match(m, '^([^|]+)|([^|]+)|')
   if s == sid and not known[m] and tonumber(seq, 36) <= cutoff then
-    redis.call('ZREM', q, m)
+    unlist(m)
     stale = true
   end
 end
 if stale then head = walk(true) end
 notify(before, head)
+return res
+`)
+
+// listScript lists a queue for a listing (list.go). KEYS: queue. ARGV:
+// marker prefix, channel. It first purges the dead entries at the head of
+// the queue, as checkScript does, then returns the server's clock (TIME:
+// seconds, microseconds) and, for each live entry in queue order, five
+// strings: the entry, its score (its token), its session's marker (the
+// Locker's process), its label ("" for none), and "1" if it holds the
+// key, else "0". Its cost is the queue's length.
+var listScript = redis.NewScript(prelude + `
+local before = walk(false)
+local after = walk(true)
+notify(before, after)
+local held = {}
+for _, m in ipairs(after) do held[m] = true end
+local t = redis.call('TIME')
+local res = {t[1], t[2]}
+local procs = {}
+local all = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+for i = 1, #all, 2 do
+  local m = all[i]
+  local sid = parse(m)
+  if sid and live(sid) then
+    local p = procs[sid]
+    if p == nil then
+      p = redis.call('GET', mpre .. sid) or ''
+      procs[sid] = p
+    end
+    local h = '0'
+    if held[m] then h = '1' end
+    res[#res + 1] = m
+    res[#res + 1] = string.format('%.0f', tonumber(all[i + 1]))
+    res[#res + 1] = p
+    res[#res + 1] = redis.call('HGET', lkey, m) or ''
+    res[#res + 1] = h
+  end
+end
 return res
 `)

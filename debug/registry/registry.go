@@ -90,6 +90,33 @@ type KeyState struct {
 	Holders []HolderState `json:"holders"`
 	// Waiters are the queued calls, in the order they will be granted.
 	Waiters []WaiterState `json:"waiters"`
+	// Ahead lists, for a locker across processes (etcdlock, redislock),
+	// the calls of other processes (and of other lockers of this one) on
+	// the key that come before this locker's last call on it, in grant
+	// order: who it waits for. The locker reads them from its engine
+	// while its state is taken, within a bound (see AheadError). Empty
+	// for an in-process locker.
+	Ahead []RemoteState `json:"ahead,omitempty"`
+	// AheadError says why Ahead was not read: the engine's error, or the
+	// bound on a state's reads spent on other keys; "" when it was read.
+	AheadError string `json:"ahead_error,omitempty"`
+}
+
+// RemoteState is a call of another process on a key, as a locker across
+// processes read it from its engine (keylock.CallInfo).
+type RemoteState struct {
+	Host   string `json:"host"`   // the host it was made on
+	PID    int    `json:"pid"`    // its process id there
+	Locker string `json:"locker"` // the name of the locker that made it
+	// Label is its owner's label, unquoted; "" if it has none.
+	Label string `json:"label,omitempty"`
+	Mode  string `json:"mode"`            // Exclusive, Shared, Units or Wait
+	Units int64  `json:"units,omitempty"` // Semaphore: units held or asked for
+	Held  bool   `json:"held"`            // it holds the key
+	Token uint64 `json:"token,omitempty"` // a held call's fencing token
+	// Age is how long ago it joined the key's queue, on the clock its
+	// backend documents (keylock.Lister).
+	Age time.Duration `json:"age_ns"`
 }
 
 // MarshalJSON encodes k with the JSON field names above, and Key as
