@@ -9,6 +9,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/ctxerr"
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -36,6 +37,7 @@ type keeper struct {
 	sp   space
 	info sessionInfo
 	ttl  time.Duration
+	l    *listener // renewals go on its connection while it is up
 
 	cur     *backend.Session // the current session; nil while a new one is made
 	id      int64            // cur's id in fairlock_sessions
@@ -190,16 +192,17 @@ func (kp *keeper) endLater(id int64) {
 	}
 }
 
-// renew renews session id, reporting which of seqs are missing: in a
-// round after one that ran out of its bound (attempt > 0), two renewals
-// are sent at once, each on a connection of its own, and the first that
-// succeeds wins (the pool hands a connection that stopped answering to
-// one of them at most). It returns when the renewal was sent.
+// renew renews session id, reporting which of seqs are missing. The
+// renewal goes on the listening connection, which is the Locker's alone,
+// so that calls that keep every connection of the pool busy (or the
+// application's own queries) cannot delay it past the session's deadline;
+// on a connection of the pool while the listening one is down. In a round
+// after one that ran out of its bound (attempt > 0), one more renewal is
+// sent at once on a connection of the pool (two while the listening
+// connection is down), and the first that succeeds wins: a connection
+// that stopped answering holds up one of them at most. It returns when
+// the renewal was sent.
 func (kp *keeper) renew(ctx context.Context, id int64, seqs []int64, attempt int) (sent time.Time, alive bool, missing []int64, err error) {
-	n := 1
-	if attempt > 0 {
-		n = 2
-	}
 	type result struct {
 		alive   bool
 		missing []int64
@@ -207,12 +210,38 @@ func (kp *keeper) renew(ctx context.Context, id int64, seqs []int64, attempt int
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var paths []batcher // nil: the listening connection
+	listening := kp.l != nil && kp.l.serving.Load()
+	if listening {
+		paths = append(paths, nil)
+	}
+	if !listening || attempt > 0 {
+		paths = append(paths, kp.pool)
+	}
+	if !listening && attempt > 0 {
+		paths = append(paths, kp.pool)
+	}
+	n := len(paths)
 	got := make(chan result, n)
 	sent = time.Now()
-	for range n {
+	for _, via := range paths {
 		go func() {
-			a, m, err := renewSession(ctx, kp.pool, id, seqs)
-			got <- result{a, m, err}
+			var r result
+			if via != nil {
+				r.alive, r.missing, r.err = renewSession(ctx, via, id, seqs)
+			} else {
+				// Read only once do returned nil: the job has ended.
+				var a bool
+				var m []int64
+				r.err = kp.l.do(ctx, func(ctx context.Context, conn *pgx.Conn) (err error) {
+					a, m, err = renewSession(ctx, conn, id, seqs)
+					return err
+				})
+				if r.err == nil {
+					r.alive, r.missing = a, m
+				}
+			}
+			got <- r
 		}()
 	}
 	var settled *result

@@ -156,26 +156,27 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 		cancel()
 		return nil, nil, err
 	}
-	l := &listener{pool: pool, channel: sp.channel, check: s.TTL / 3}
 	var down bool // whether the connection is down: only the listener's goroutine reads and writes it
-	l.notice = func(refs []callRef) {
+	notice := func(refs []callRef) {
 		ids := make([]string, len(refs))
 		for i, r := range refs {
 			ids[i] = r.String()
 		}
 		k.Granted(ids...)
 	}
-	l.down = func(err error) {
+	up := func() {
+		down = false
+		k.Logger().Info("pglock: listening connection back; re-reading the keys waited on", "locker", k.Name(), "channel", sp.channel)
+		k.Reread()
+	}
+	lost := func(err error) {
 		if !down {
 			down = true
 			k.Logger().Warn("pglock: listening connection down; reconnecting", "locker", k.Name(), "channel", sp.channel, "error", err)
 		}
 	}
-	l.up = func() {
-		down = false
-		k.Logger().Info("pglock: listening connection back; re-reading the keys waited on", "locker", k.Name(), "channel", sp.channel)
-		k.Reread()
-	}
+	l := newListener(pool, sp.channel, s.TTL/3, notice, up, lost)
+	e.sessions.l = l
 	bg := k.Background()
 	k.Go(func() { l.run(bg, conn) })
 	k.Go(e.sessions.loop)
