@@ -126,6 +126,11 @@ func (e *engine) Refresh(context.Context, *backend.Call) (<-chan struct{}, error
 // UnwatchLocked does nothing: notices are dispatched by name.
 func (e *engine) UnwatchLocked(*backend.Call) {}
 
+// releasing marks a call's Data once Release has begun: a renewal then
+// neither lists its row nor reports it missing (it is missing because it
+// was released).
+type releasing struct{}
+
 // Release deletes c's row (release): by its name, so only this grant's
 // row, even if retried late. The grant was current if the row was there
 // and its session alive. A release whose outcome was unknown is sent
@@ -133,6 +138,10 @@ func (e *engine) UnwatchLocked(*backend.Call) {}
 // first one deleted it (nothing else deletes a live session's row but an
 // administrator), and the grant counts as released, not lost.
 func (e *engine) Release(ctx context.Context, c *backend.Call) (bool, error) {
+	mu := e.k.Mu()
+	mu.Lock()
+	c.SetData(releasing{})
+	mu.Unlock()
 	var removed, alive bool
 	doubt, err := retried(ctx, func() (err error) {
 		removed, alive, err = release(ctx, e.pool, e.sp, c.Key(), refOf(c.ID()))
@@ -169,7 +178,7 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 		mu := e.k.Mu()
 		mu.Lock()
 		e.k.WrittenLocked(func(c *backend.Call) bool {
-			if c.Confirmed() && c.Session() == s {
+			if c.Confirmed() && c.Session() == s && c.Data() != (releasing{}) {
 				seqs = append(seqs, refOf(c.ID()).Seq)
 			}
 			return true
@@ -183,9 +192,14 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 		case !alive:
 			r.Expired = true
 		default:
+			mu.Lock()
 			for _, q := range missing {
-				r.Gone = append(r.Gone, callRef{Session: sid, Seq: q}.String())
+				id := callRef{Session: sid, Seq: q}.String()
+				if c := e.k.CallLocked(id); c == nil || c.Data() != (releasing{}) {
+					r.Gone = append(r.Gone, id)
+				}
 			}
+			mu.Unlock()
 		}
 		out = append(out, r)
 	}

@@ -293,6 +293,10 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			l.up()
 		}
 		if err := l.runJobs(conn); err != nil {
+			if ctx.Err() != nil {
+				closeConn(conn)
+				return
+			}
 			lost(fmt.Errorf("pglock: LISTEN %s: a round trip on the connection: %w", l.channel, err))
 			continue
 		}

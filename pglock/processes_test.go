@@ -293,3 +293,62 @@ func namedPools(t testing.TB, dsn, name string, n int) []*pgxpool.Pool {
 	}
 	return out
 }
+
+// TestDeadWaitersDoNotAddUp: three waiter processes queued in the middle
+// of a key's queue are killed, and the holder releases at once, handing
+// the key to the first of them. The live waiter behind them is granted
+// once their sessions expire, all at once: within one TTL, one re-read
+// period and a margin for a loaded machine, not one TTL per dead waiter
+// (redisson/redisson#1353).
+func TestDeadWaitersDoNotAddUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, sp := setup(t, 0)
+	prefix := string(sp.prefix)
+	holder := newLocker(t, pool, prefix)
+	h, err := holder.Lock(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []*proc
+	for range 3 {
+		dead = append(dead, startWorker(t, "call", server(t).ConnString(), prefix, "hot"))
+	}
+	for i, p := range dead {
+		if l := p.next(t, 60*time.Second); l.text != "ready" {
+			t.Fatalf("worker: %q", l.text)
+		}
+		p.say(t, "x")
+		awaitRows(t, pool, prefix, "hot", i+2, 30*time.Second)
+	}
+	live := newLocker(t, pool, prefix)
+	granted := make(chan time.Time, 1)
+	go func() {
+		g, err := live.Lock(ctx, "hot")
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- time.Now()
+		if g != nil {
+			g.Unlock(ctx)
+		}
+	}()
+	awaitRows(t, pool, prefix, "hot", 5, 10*time.Second)
+	for _, p := range dead {
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killed := time.Now()
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := recvWithin(t, granted, 5*lockTTL+10*time.Second, "the live waiter was not granted")
+	took := at.Sub(killed)
+	bound := lockTTL + lockTTL/3 + 2*time.Second // < 3 TTLs: dead waiters do not add up
+	t.Logf("the live waiter was granted %v after three waiters ahead of it were killed (TTL %v)", took, lockTTL)
+	if took > bound {
+		t.Errorf("granted %v after the kill, more than %v", took, bound)
+	}
+	awaitRows(t, pool, prefix, "hot", 0, 10*time.Second)
+}
