@@ -41,8 +41,9 @@ const (
 // grants), one session row renewed every third of the TTL, and four
 // goroutines (the listener, the session's renewal, its replacement, and a
 // janitor that retries removals that failed); and, while they run, one
-// goroutine per enqueueing round trip still running for a call that
-// returned, per renewal round, and per session row being deleted. Its
+// goroutine that sweeps the prefix after New, one per enqueueing round
+// trip still running for a call that returned, one or two per renewal
+// round, and one per session row being deleted. Its
 // calls borrow a connection of the pool for each round trip and none
 // while they wait. Close stops them all.
 type Locker struct {
