@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -154,15 +157,116 @@ type listener struct {
 	// down is called with each error that cost the connection, or that
 	// a reconnection failed with.
 	down func(error)
+
+	// Jobs: round trips that others run on the connection between its
+	// waits for notices (do).
+	jobs    chan *connJob
+	serving atomic.Bool // the connection is up and LISTENs: do may send jobs
+	mu      sync.Mutex  // guards cancel
+	cancel  func()      // ends the current wait for a notice; nil between waits
+}
+
+// connJob is a round trip that do hands the listening goroutine.
+type connJob struct {
+	ctx  context.Context
+	fn   func(context.Context, *pgx.Conn) error
+	done chan error // cap 1
+}
+
+// errNotListening is do's error while the listening connection is down.
+var errNotListening = errors.New("pglock: the listening connection is down")
+
+// newListener returns a listener of channel on pool; run serves it.
+func newListener(pool *pgxpool.Pool, channel string, check time.Duration, notice func([]callRef), up func(), down func(error)) *listener {
+	return &listener{pool: pool, channel: channel, check: check, notice: notice, up: up, down: down, jobs: make(chan *connJob, 4)}
+}
+
+// do runs fn on the listening connection, between two of its waits for
+// notices (a wait is cut short for it), and returns fn's error: a round
+// trip that no call of the pool can delay, since the connection is the
+// listener's alone (the Locker's session renewal). It fails at once with
+// errNotListening while the connection is down, and with ctx's error if
+// ctx ends first (fn then fails with it, if it has started; its round
+// trip on a connection that stopped answering costs the connection,
+// which the listener replaces). fn must not keep the connection.
+func (l *listener) do(ctx context.Context, fn func(context.Context, *pgx.Conn) error) error {
+	if !l.serving.Load() {
+		return errNotListening
+	}
+	j := &connJob{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	select {
+	case l.jobs <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	if l.cancel != nil {
+		l.cancel()
+	}
+	l.mu.Unlock()
+	select {
+	case err := <-j.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runJobs runs the jobs waiting, on conn. It returns the error of one
+// that failed in a way that leaves the connection in doubt (anything but
+// PostgreSQL refusing a statement): the caller replaces it.
+func (l *listener) runJobs(conn *pgx.Conn) error {
+	for {
+		var j *connJob
+		select {
+		case j = <-l.jobs:
+		default:
+			return nil
+		}
+		if err := j.ctx.Err(); err != nil {
+			j.done <- err
+			continue
+		}
+		err := j.fn(j.ctx, conn)
+		j.done <- err
+		if err != nil && !serverRefused(err) {
+			return err
+		}
+	}
+}
+
+// failJobs fails the jobs waiting: the connection is down.
+func (l *listener) failJobs() {
+	for {
+		select {
+		case j := <-l.jobs:
+			j.done <- errNotListening
+		default:
+			return
+		}
+	}
 }
 
 // run serves conn, from dialListener, until ctx ends, and then closes it.
 // When the connection fails it calls l.down and dials again (every
 // 50 ms at first, then less often, up to l.check apart), calling l.up
-// after each success. It blocks; the callbacks run on its goroutine, so
-// a slow callback delays the next notice.
+// after each success. Between waits for notices it runs the jobs that do
+// hands it. It blocks; the callbacks run on its goroutine, so a slow
+// callback delays the next notice.
 func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 	backoff := 50 * time.Millisecond
+	lost := func(err error) {
+		l.serving.Store(false)
+		l.failJobs()
+		closeConn(conn)
+		conn = nil
+		l.down(err)
+	}
+	defer func() {
+		l.serving.Store(false)
+		l.failJobs()
+	}()
+	l.serving.Store(conn != nil)
 	for {
 		if conn == nil {
 			c, err := dialListener(ctx, l.pool, l.channel)
@@ -185,10 +289,28 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 				continue
 			}
 			conn, backoff = c, 50*time.Millisecond
+			l.serving.Store(true)
 			l.up()
 		}
+		if err := l.runJobs(conn); err != nil {
+			if ctx.Err() != nil {
+				closeConn(conn)
+				return
+			}
+			lost(fmt.Errorf("pglock: LISTEN %s: a round trip on the connection: %w", l.channel, err))
+			continue
+		}
 		wait, cancel := context.WithTimeout(ctx, l.check)
+		l.mu.Lock()
+		l.cancel = cancel
+		if len(l.jobs) > 0 {
+			cancel()
+		}
+		l.mu.Unlock()
 		n, err := conn.WaitForNotification(wait)
+		l.mu.Lock()
+		l.cancel = nil
+		l.mu.Unlock()
 		cancel()
 		if err == nil {
 			if refs := parseNotice(n.Payload); len(refs) > 0 {
@@ -199,6 +321,9 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 		if ctx.Err() != nil {
 			closeConn(conn)
 			return
+		}
+		if errors.Is(err, context.Canceled) && !conn.IsClosed() {
+			continue // cut short for a job
 		}
 		if pgconn.Timeout(err) && !conn.IsClosed() {
 			// Idle for l.check: make sure the connection still answers.
@@ -213,8 +338,6 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 				return
 			}
 		}
-		closeConn(conn)
-		conn = nil
-		l.down(fmt.Errorf("pglock: LISTEN %s: %w", l.channel, err))
+		lost(fmt.Errorf("pglock: LISTEN %s: %w", l.channel, err))
 	}
 }

@@ -25,6 +25,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(workerEnv); role != "" {
+		os.Exit(runWorker(role)) // process_test.go
+	}
 	code := m.Run()
 	if shared != nil {
 		if err := shared.Close(); err != nil {

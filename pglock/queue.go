@@ -40,12 +40,18 @@ func newTx() *pgx.Batch {
 	return b
 }
 
-// commit queues COMMIT on b, sends b on a connection of pool and runs the
-// queued callbacks. It returns the first error: a statement's error ends
-// the transaction (PostgreSQL skips the rest, and pgxpool drops the
-// connection, left in a failed transaction), and a lost connection leaves
-// the outcome unknown.
-func commit(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch) error {
+// batcher is where a batch is sent: a pool (on one of its connections)
+// or a connection.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// commit queues COMMIT on b, sends b on a connection of pool (or on the
+// connection pool is) and runs the queued callbacks. It returns the first
+// error: a statement's error ends the transaction (PostgreSQL skips the
+// rest, and pgxpool drops the connection, left in a failed transaction),
+// and a lost connection leaves the outcome unknown.
+func commit(ctx context.Context, pool batcher, b *pgx.Batch) error {
 	b.Queue("COMMIT")
 	return pool.SendBatch(ctx, b).Close()
 }

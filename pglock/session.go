@@ -62,9 +62,11 @@ SELECT EXISTS (SELECT 1 FROM s),
 // any more (missing: released or purged by someone else; their grants
 // are lost and their queue places gone). When alive is false every call
 // of the session is lost. One round trip, in a READ COMMITTED
-// transaction. Errors: the database's or the connection's; the Locker
-// tries again (bounded by the time its grants are certain).
-func renewSession(ctx context.Context, pool *pgxpool.Pool, session int64, seqs []int64) (alive bool, missing []int64, err error) {
+// transaction, on a connection of pool or on the connection pool is (the
+// Locker's listening connection, which no call waits for). Errors: the
+// database's or the connection's; the Locker tries again (bounded by the
+// time its grants are certain).
+func renewSession(ctx context.Context, pool batcher, session int64, seqs []int64) (alive bool, missing []int64, err error) {
 	if seqs == nil {
 		seqs = []int64{}
 	}

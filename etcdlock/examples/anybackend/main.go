@@ -1,16 +1,19 @@
 // Command anybackend runs the same locking code against the in-process
-// lock or etcd, chosen by a flag: the code below knows only package
-// keylock's interfaces.
+// lock, etcd or PostgreSQL, chosen by a flag: the code below knows only
+// package keylock's interfaces.
 //
 //	go run ./anybackend -backend inprocess
-//	go run ./anybackend -backend etcd                      # an embedded etcd server
-//	go run ./anybackend -backend etcd -endpoints host:2379 # your own cluster
+//	go run ./anybackend -backend etcd                           # an embedded etcd server
+//	go run ./anybackend -backend etcd -endpoints host:2379      # your own cluster
+//	go run ./anybackend -backend postgres                       # a postgres of its own (Debian's postgresql package)
+//	go run ./anybackend -backend postgres -dsn postgres://...   # your own database
 //
 // Four workers move units between accounts under keylock.LockMany and
 // keylock.Do, each on a Locker of its own (in process, views of one
-// fairlock.Locker; on etcd, a client and a Locker each, as separate
-// processes would have), and the program checks that no unit was lost
-// or made: the total is the same at the end.
+// fairlock.Locker; on etcd, a client and a Locker each, and on
+// PostgreSQL a pool and a Locker each, as separate processes would
+// have), and the program checks that no unit was lost or made: the total
+// is the same at the end.
 package main
 
 import (
@@ -29,11 +32,15 @@ import (
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/pglock"
+	"github.com/fairlock/fairlock/pglock/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var (
-	backend   = flag.String("backend", "inprocess", "where the lock lives: inprocess or etcd")
+	backend   = flag.String("backend", "inprocess", "where the lock lives: inprocess, etcd or postgres")
 	endpoints = flag.String("endpoints", "", "etcd: comma-separated endpoints of your cluster; empty starts an embedded server")
+	dsn       = flag.String("dsn", "", "postgres: a connection string for your database; empty starts a server of its own")
 	moves     = flag.Int("moves", 50, "transfers per worker")
 )
 
@@ -88,8 +95,31 @@ func run(ctx context.Context, backend string, moves int) (int, error) {
 			}
 			return closing{l, client.Close}, nil
 		}
+	case "postgres":
+		conn := *dsn
+		if conn == "" {
+			srv, err := pgtest.NewServer()
+			if err != nil {
+				return 0, err
+			}
+			defer srv.Close()
+			conn = srv.ConnString()
+		}
+		prefix := fmt.Sprintf("anybackend/%d", time.Now().UnixNano())
+		newLocker = func() (keylock.Locker, error) {
+			pool, err := pgxpool.New(ctx, conn)
+			if err != nil {
+				return nil, err
+			}
+			l, err := pglock.New(pool, prefix)
+			if err != nil {
+				pool.Close()
+				return nil, err
+			}
+			return closing{l, func() error { pool.Close(); return nil }}, nil
+		}
 	default:
-		return 0, fmt.Errorf("unknown backend %q: want inprocess or etcd", backend)
+		return 0, fmt.Errorf("unknown backend %q: want inprocess, etcd or postgres", backend)
 	}
 	return transfers(ctx, newLocker, moves)
 }

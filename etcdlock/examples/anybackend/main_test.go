@@ -10,9 +10,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestBackends runs the same transfers on each backend: the total must
-// be kept on both.
+// be kept on every one. The postgres backend starts a server of its own
+// (pgtest: Debian's postgresql package's binaries).
 func TestBackends(t *testing.T) {
-	for _, b := range []string{"inprocess", "etcd"} {
+	for _, b := range []string{"inprocess", "etcd", "postgres"} {
 		t.Run(b, func(t *testing.T) {
 			total, err := run(context.Background(), b, 20)
 			if err != nil {
