@@ -243,7 +243,7 @@ func (k *Core) renew(ss []*Session, attempt int) (hung bool) {
 			}
 			n := 0
 			for _, id := range r.Gone {
-				if c := k.ids[id]; c != nil && c.session == s && c.state != released && !c.gone {
+				if c := k.ids[id]; c != nil && c.session == s && c.state != released && !c.gone && !c.releasing {
 					k.loseLocked(c, now)
 					n++
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/fairlock"
+	"github.com/fairlock/fairlock/keylock"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -50,7 +51,7 @@ func refOf(id string) callRef {
 
 // callOf is what enqueue writes for c under ref.
 func (e *engine) callOf(c *backend.Call, ref callRef) call {
-	cl := call{ref: ref, mode: modeExclusive, label: c.Owner().Label()}
+	cl := call{ref: ref, mode: modeExclusive, label: c.Label()}
 	switch c.Mode() {
 	case backend.Shared:
 		cl.mode = modeShared
@@ -115,16 +116,6 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		return r, nil
 	}
 }
-
-// WatchLocked does nothing: the listening connection delivers every
-// grant by name, and Check covers what it may have missed.
-func (e *engine) WatchLocked(*backend.Call) <-chan struct{} { return nil }
-
-// Refresh is never asked for: Check re-reads the waiting calls' keys.
-func (e *engine) Refresh(context.Context, *backend.Call) (<-chan struct{}, error) { return nil, nil }
-
-// UnwatchLocked does nothing: notices are dispatched by name.
-func (e *engine) UnwatchLocked(*backend.Call) {}
 
 // releasing marks a call's Data once Release has begun: a renewal then
 // neither lists its row nor reports it missing (it is missing because it
@@ -300,3 +291,41 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 	}
 	return rest, nil
 }
+
+// List lists key's calls in every process (listCalls: one read, the rows
+// in queue order with their sessions' process), as keylock.CallInfo: the
+// granted ones first, by the grant rule, then the waiting ones; a row
+// whose session has expired is not listed.
+func (e *engine) List(ctx context.Context, key string) ([]keylock.CallInfo, error) {
+	rows, err := listCalls(ctx, e.pool, e.sp, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]keylock.CallInfo, 0, len(rows))
+	for _, r := range rows {
+		if !r.Alive {
+			continue
+		}
+		ci := keylock.CallInfo{
+			Label:   r.Label,
+			Process: keylock.Process{Host: r.Host, PID: r.PID, Locker: r.Name},
+			Mode:    r.Mode.listed(),
+			Held:    r.Granted,
+			Age:     r.Age,
+		}
+		if r.Mode == modeUnits {
+			ci.Units = r.Weight
+		}
+		if r.Granted {
+			ci.Token = uint64(r.Token)
+		}
+		out = append(out, ci)
+	}
+	return out, nil
+}
+
+var (
+	_ backend.Checker      = (*engine)(nil)
+	_ backend.SessionEnder = (*engine)(nil)
+	_ backend.Lister       = (*engine)(nil)
+)

@@ -36,6 +36,9 @@ type Guard backend.Call
 
 var _ keylock.Lease = (*Guard)(nil)
 
+// guardOf is a grant as the Lease this package returns.
+func guardOf(c *backend.Call) keylock.Lease { return (*Guard)(c) }
+
 // call returns the kit's record behind g.
 func (g *Guard) call() *backend.Call { return (*backend.Call)(g) }
 
@@ -172,3 +175,13 @@ func (g *Guard) Fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	return nil
 }
+
+// ErrLost is the error, wrapped in a *fairlock.LockError, that
+// Guard.Unlock returns for a grant that was lost before it was unlocked,
+// and that Guard.Fence returns for a grant that is no longer current: its
+// session expired on the server (its process stopped renewing it for a
+// TTL), its row was deleted by someone else, or the Locker could not renew
+// the session before its deadline (see Guard.Lost). Another process may
+// have held the key since. It is fairlock.ErrLost, the sentinel every
+// backend wraps.
+var ErrLost = fairlock.ErrLost

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -47,8 +45,8 @@ const (
 // calls borrow a connection of the pool for each round trip and none
 // while they wait. Close stops them all.
 type Locker struct {
-	k *backend.Core
-	e *engine
+	backend.Locker // Lock, TryLock, RLock, TryRLock, Wait, Calls, Close
+	e              *engine
 }
 
 // Semaphore is a keyed weighted semaphore of n units per key, head-of-line
@@ -59,24 +57,16 @@ type Locker struct {
 // starves. Make one with NewSemaphore. It is a keylock.Semaphore; every
 // Lease it returns is a *Guard. It holds what a Locker holds.
 type Semaphore struct {
-	k *backend.Core
-	e *engine
+	backend.Semaphore // Acquire, TryAcquire, Calls, Close
+	e                 *engine
 }
 
 var (
 	_ keylock.RWLocker  = (*Locker)(nil)
 	_ keylock.Semaphore = (*Semaphore)(nil)
+	_ keylock.Lister    = (*Locker)(nil)
+	_ keylock.Lister    = (*Semaphore)(nil)
 )
-
-// ErrLost is the error, wrapped in a *fairlock.LockError, that
-// Guard.Unlock returns for a grant that was lost before it was unlocked,
-// and that Guard.Fence returns for a grant that is no longer current: its
-// session expired on the server (its process stopped renewing it for a
-// TTL), its row was deleted by someone else, or the Locker could not renew
-// the session before its deadline (see Guard.Lost). Another process may
-// have held the key since. It is fairlock.ErrLost, the sentinel every
-// backend wraps.
-var ErrLost = fairlock.ErrLost
 
 // New returns a Locker whose queues live under prefix in the database
 // that pool connects to. Lockers in any number of processes that use the
@@ -104,7 +94,7 @@ func New(pool *pgxpool.Pool, prefix string, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pglock: New: %w", err)
 	}
-	return &Locker{k, e}, nil
+	return &Locker{backend.NewLocker(k, guardOf), e}, nil
 }
 
 // NewSemaphore returns a Semaphore of n units per key whose queues live
@@ -120,7 +110,7 @@ func NewSemaphore(pool *pgxpool.Pool, prefix string, n int64, opts ...Option) (*
 	if err != nil {
 		return nil, fmt.Errorf("pglock: NewSemaphore: %w", err)
 	}
-	return &Semaphore{k, e}, nil
+	return &Semaphore{backend.NewSemaphore(k, guardOf), e}, nil
 }
 
 // start makes a Locker's or Semaphore's core and engine, its session and
@@ -135,10 +125,9 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 	s := backend.NewSettings(opts)
 	s.TTL = ttlOf(s.TTL)
 	k := backend.New(backend.Config{Package: "pglock", Kind: kind, Size: n, DefaultName: stem}, s)
-	host, _ := os.Hostname()
 	sp := newSpace(prefix)
 	e := &engine{k: k, pool: pool, sp: sp, size: n}
-	e.sessions = newKeeper(k, pool, sp, sessionInfo{Name: k.Name(), Host: host, PID: os.Getpid()}, s.TTL)
+	e.sessions = newKeeper(k, pool, sp, sessionInfo{Name: k.Name(), Host: k.Process().Host, PID: k.Process().PID}, s.TTL)
 
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -238,25 +227,3 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	return l.e.locked(ctx, key)
 }
-
-// Close closes the Locker. Later calls return ErrClosed, and queued calls
-// wake with ErrClosed, deleting their rows. Close then waits until every
-// grant has been unlocked or ctx is done. Then it stops the Locker's
-// goroutines and its listening connection, deletes the rows of the grants
-// still held (they are lost: their Lost channels close and their Unlock
-// returns ErrLost; the calls behind them are granted at once) and its
-// session row, and makes a last try at removals that failed earlier, all
-// bounded by 5 s on a context of its own. When Close returns, the Locker
-// has no row in the database, or, if it could not be reached, only rows
-// that die with its session's TTL. It unregisters the Locker from the
-// debug registry and its Observer.
-//
-// Close returns nil, or an error wrapping ctx's error that says how many
-// grants were still held, or the error of a removal that failed. It is
-// safe to call more than once and concurrently; a later call waits for
-// the first to finish and returns nil, or an error wrapping its own ctx's
-// error if that ends first. A nil ctx means context.Background.
-func (l *Locker) Close(ctx context.Context) error { return l.k.Close(ctx) }
-
-// Close closes the Semaphore, as Locker.Close.
-func (s *Semaphore) Close(ctx context.Context) error { return s.k.Close(ctx) }

@@ -5,6 +5,8 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+
+	"github.com/fairlock/fairlock/keylock"
 )
 
 // The names of things: a prefix's notice channel, a key's advisory lock,
@@ -75,4 +77,17 @@ const (
 func text(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// listed is m as keylock.CallInfo names modes.
+func (m mode) listed() string {
+	switch m {
+	case modeShared:
+		return keylock.ModeShared
+	case modeUnits:
+		return keylock.ModeUnits
+	case modeWait:
+		return keylock.ModeWait
+	}
+	return keylock.ModeExclusive
 }
