@@ -100,8 +100,9 @@ func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w 
 }
 
 // finish ends a call: a failed call, or a Turn, is forgotten; a Turn
-// that queued and got its turn has its entry removed in the background,
-// so that it returns at once (those behind it were granted with it).
+// that queued and got its turn has its entry removed in the background
+// (the janitor), so that it returns at once (those behind it were
+// granted with it).
 func (k *Core) finish(c *Call, err error) {
 	k.mu.Lock()
 	k.calls--
@@ -119,7 +120,10 @@ func (k *Core) finish(c *Call, err error) {
 	k.signalIdle()
 	k.mu.Unlock()
 	if remove {
-		k.removeLater(e)
+		// Those behind the Turn were granted with it; its entry goes in
+		// the janitor's next sweep, with the other finished Turns' of its
+		// key in one round trip where the engine can (BatchRemover).
+		k.Cleanup(e, false)
 	}
 }
 

@@ -69,21 +69,6 @@ func (k *Core) remove(e Entry) {
 	}
 }
 
-// removeLater removes e on a goroutine of its own, which Close waits for,
-// so that the call that left it returns at once.
-func (k *Core) removeLater(e Entry) {
-	k.mu.Lock()
-	k.pending++
-	k.mu.Unlock()
-	go func() {
-		k.remove(e)
-		k.mu.Lock()
-		k.pending--
-		k.signalIdle()
-		k.mu.Unlock()
-	}()
-}
-
 // janitorLoop retries recorded removals every second while there are
 // some, until the background context ends.
 func (k *Core) janitorLoop() {
@@ -104,30 +89,47 @@ func (k *Core) janitorLoop() {
 // the last error.
 func (k *Core) sweep(ctx context.Context) error {
 	k.mu.Lock()
-	todo := make([]cleanup, 0, len(k.janitor))
+	todo := make(map[string][]cleanup)
 	for _, cl := range k.janitor {
-		todo = append(todo, cl)
+		todo[cl.entry.Key] = append(todo[cl.entry.Key], cl)
 	}
 	k.mu.Unlock()
+	batch, _ := k.engine.(BatchRemover)
 	var last error
-	for _, cl := range todo {
+	for key, cls := range todo {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		rctx, cancel := context.WithTimeout(ctx, CleanupTimeout)
-		err := k.engine.Remove(rctx, cl.entry)
-		cancel()
-		if err != nil {
-			last = err
-			continue
+		var done []cleanup
+		if batch != nil && len(cls) > 1 {
+			es := make([]Entry, len(cls))
+			for i, cl := range cls {
+				es[i] = cl.entry
+			}
+			if err := batch.RemoveAll(rctx, key, es); err != nil {
+				last = err
+			} else {
+				done = cls
+			}
+		} else {
+			for _, cl := range cls {
+				if err := k.engine.Remove(rctx, cl.entry); err != nil {
+					last = err
+					continue
+				}
+				done = append(done, cl)
+			}
 		}
-		if cl.until.IsZero() || time.Now().After(cl.until) {
-			k.mu.Lock()
-			if k.janitor[cl.entry.ID] == cl {
+		cancel()
+		now := time.Now()
+		k.mu.Lock()
+		for _, cl := range done {
+			if (cl.until.IsZero() || now.After(cl.until)) && k.janitor[cl.entry.ID] == cl {
 				delete(k.janitor, cl.entry.ID)
 			}
-			k.mu.Unlock()
 		}
+		k.mu.Unlock()
 	}
 	return last
 }

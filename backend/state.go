@@ -343,3 +343,14 @@ type Lister interface {
 
 // worker is a goroutine that runs round trips (work).
 type worker struct{ job chan func() }
+
+// A BatchRemover is an Engine that can remove several entries of one key
+// in one round trip: the janitor hands it the finished Waits of a key
+// together (one release frees every Wait directly behind it at once, and
+// each then leaves an entry to remove), and whatever else it has for the
+// key. Without it, the janitor removes them one by one.
+type BatchRemover interface {
+	// RemoveAll removes es, entries of key, as Remove removes one; an
+	// entry already gone is not an error.
+	RemoveAll(ctx context.Context, key string, es []Entry) error
+}

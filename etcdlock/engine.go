@@ -316,6 +316,29 @@ func (e *engine) Remove(ctx context.Context, en backend.Entry) error {
 	return e.deleteKey(ctx, en.ID, int64(en.Token))
 }
 
+// RemoveAll deletes the keys of es in one transaction per 64 (the
+// janitor's batch, the finished Waits of a release among them): by name
+// alone, since a name is never used twice (keys.go: the lease and the
+// Locker's call number), so a name that is gone needs no comparison.
+func (e *engine) RemoveAll(ctx context.Context, _ string, es []backend.Entry) error {
+	for len(es) > 0 {
+		n := min(len(es), 64)
+		ops := make([]clientv3.Op, n)
+		for i, en := range es[:n] {
+			ops[i] = clientv3.OpDelete(en.ID)
+		}
+		err := e.attempts(ctx, func(actx context.Context) error {
+			_, err := e.client.Txn(actx).Then(ops...).Commit()
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		es = es[n:]
+	}
+	return nil
+}
+
 // deleteKey deletes name if its creation revision is rev (any, for rev
 // 0), bounded by ctx and by CleanupTimeout. A key that is already gone is
 // not an error.
@@ -412,6 +435,7 @@ func (e *engine) claimOf(c *backend.Call) claim {
 
 var _ backend.Watcher = (*engine)(nil)
 var _ backend.Lister = (*engine)(nil)
+var _ backend.BatchRemover = (*engine)(nil)
 var _ backend.SessionEnder = (*engine)(nil)
 
 // Renew sends the renewal of each session's lease: one KeepAliveOnce, or,

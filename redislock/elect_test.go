@@ -166,10 +166,19 @@ func startCandidate(t *testing.T, addr, prefix, key, value string, store *fenced
 		default: // nobody reads it any more
 		}
 	})
+	exited := make(chan struct{})
 	go func() {
 		<-out
 		close(c.events)
+		close(exited)
 	}()
+	// Before disttest's own cleanup, which then finds the worker gone and
+	// its exit put back by Collect.
+	t.Cleanup(func() {
+		_ = p.Signal(syscall.SIGCONT)
+		_ = p.Signal(syscall.SIGKILL)
+		<-exited
+	})
 	return c
 }
 

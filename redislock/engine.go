@@ -179,6 +179,18 @@ func (e *engine) Remove(ctx context.Context, en backend.Entry) error {
 	return err
 }
 
+// RemoveAll removes the entries es of key in one script (removeScript):
+// the janitor's batch, the finished Waits of a release among them.
+func (e *engine) RemoveAll(ctx context.Context, key string, es []backend.Entry) error {
+	names := namesOf(e.esc, key)
+	args := make([]any, 0, 2+len(es))
+	args = append(args, names.markers, e.channel)
+	for _, en := range es {
+		args = append(args, en.ID)
+	}
+	return removeScript.Run(ctx, e.client, []string{names.queue, names.markers + e.sid}, args...).Err()
+}
+
 // release runs the release script: it removes member from key's queue,
 // grants this Locker's calls among those its release granted (the reply
 // names them: a hand-off within the process needs no notice), and
@@ -236,8 +248,9 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 }
 
 var (
-	_ backend.Checker = (*engine)(nil)
-	_ backend.Lister  = (*engine)(nil)
+	_ backend.Checker      = (*engine)(nil)
+	_ backend.Lister       = (*engine)(nil)
+	_ backend.BatchRemover = (*engine)(nil)
 )
 
 // serverOf returns the server that holds key's slot: its master on a

@@ -434,3 +434,18 @@ for i = 1, #all, 2 do
 end
 return res
 `)
+
+// removeScript removes entries of the calling session from a queue at
+// once: the finished Waits of a release, which the janitor removes
+// together, and whatever else it has for the key. KEYS: queue, the
+// session's marker. ARGV: marker prefix, channel, the entries. It walks
+// the queue once before and once after, announces what the removals
+// granted, and deletes the marker if the queue is left empty, as the
+// release script does for one entry.
+var removeScript = redis.NewScript(prelude + `
+local before = walk(false)
+for i = 3, #ARGV do unlist(ARGV[i]) end
+notify(before, walk(true))
+if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
+return 0
+`)
