@@ -129,12 +129,16 @@ type Semaphore interface {
 // process's clock (after Unlock or a loss, Deadline is in the past, so
 // Valid is false). It reads the clock, so it is right whenever the
 // caller's goroutine runs after the process was paused (a GC pause,
-// SIGSTOP, a VM suspended) past its deadline, even if no goroutine of the
-// backend has run since to close Lost: call it right before an action
-// that must not run unprotected, and fence the action itself where the
-// store can (Token). This is the synchronous check redsync offers as
-// Until and bsm/redislock as TTL. A nil Lease is not valid. It allocates
-// nothing.
+// SIGSTOP, a descheduled container) past its deadline, even if no
+// goroutine of the backend has run since to close Lost: call it right
+// before an action that must not run unprotected, and fence the action
+// itself where the store can (Token). The clock is Go's monotonic one
+// (CLOCK_MONOTONIC on Linux), which does not count the time a machine
+// spends suspended: after a suspend or a VM's live snapshot that stops
+// the guest's clock, Valid can say true past the real deadline, and only
+// fencing catches the action. This is the synchronous check redsync
+// offers as Until and bsm/redislock as TTL. A nil Lease is not valid. It
+// allocates nothing.
 func Valid(l Lease) bool {
 	if l == nil {
 		return false

@@ -113,9 +113,9 @@ func TestCheckDeps(t *testing.T) {
 	ours := func(p string) bool { return strings.HasPrefix(p, "github.com/fairlock/fairlock") }
 	deps := strings.Join([]string{
 		"example.com/app\texample.com/app\tgithub.com/fairlock/fairlock/etcdlock net/http",
-		"github.com/fairlock/fairlock/etcdlock\tgithub.com/fairlock/fairlock/etcdlock\tgithub.com/fairlock/fairlock/ctxerr github.com/fairlock/fairlock/etcdlock/internal/x",
+		"github.com/fairlock/fairlock/etcdlock\tgithub.com/fairlock/fairlock/etcdlock\tgithub.com/fairlock/fairlock/internal/ctxerr github.com/fairlock/fairlock/etcdlock/internal/x",
 		"github.com/fairlock/fairlock/etcdlock/internal/x\tgithub.com/fairlock/fairlock/etcdlock\t",
-		"github.com/fairlock/fairlock/ctxerr\tgithub.com/fairlock/fairlock\t",
+		"github.com/fairlock/fairlock/internal/ctxerr\tgithub.com/fairlock/fairlock\t",
 		"go.opentelemetry.io/otel/sdk/trace\tgo.opentelemetry.io/otel/sdk\tgo.opentelemetry.io/otel/internal/global",
 		"go.opentelemetry.io/otel/internal/global\tgo.opentelemetry.io/otel\t",
 		"net/http\t\t",
@@ -123,7 +123,7 @@ func TestCheckDeps(t *testing.T) {
 	got := checkDeps(deps, []string{`net/http`}, ours)
 	want := []string{
 		"go list -deps lists net/http (matches net/http)",
-		"github.com/fairlock/fairlock/etcdlock (module github.com/fairlock/fairlock/etcdlock) imports github.com/fairlock/fairlock/ctxerr, an internal package of module github.com/fairlock/fairlock",
+		"github.com/fairlock/fairlock/etcdlock (module github.com/fairlock/fairlock/etcdlock) imports github.com/fairlock/fairlock/internal/ctxerr, an internal package of module github.com/fairlock/fairlock",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("checkDeps:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
