@@ -198,7 +198,7 @@ func (e *engine) RemoveAll(ctx context.Context, key string, es []backend.Entry) 
 func (e *engine) release(ctx context.Context, key, member string) (bool, error) {
 	names := namesOf(e.esc, key)
 	v, err := runOnce(ctx, e.client, releaseScript, releaseSrc, []string{names.queue, names.markers + e.sid},
-		names.markers, e.channel, member).Slice()
+		names.markers, e.channel, member, e.sid).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -252,13 +252,15 @@ return {1, token, 0}
 `)
 
 // releaseSrc removes an entry of the calling session. KEYS: queue, the
-// session's marker. ARGV: marker prefix, channel, entry. It returns {1,
-// granted...} if the entry was there and its session alive, {0,
-// granted...} if not (someone removed it, or the session's marker expired
-// and anyone may purge the entry: the grant was lost, whether or not
-// another call was granted meanwhile); granted are the entries its
-// release granted, which it also announces, so that a Locker whose call
-// is among them grants it from the reply, without the notice's hop.
+// session's marker. ARGV: marker prefix, channel, entry, the session's
+// id. It returns {1, granted...} if the entry was there and its session
+// alive, {0, granted...} if not (someone removed it, or the session's
+// marker expired and anyone may purge the entry: the grant was lost,
+// whether or not another call was granted meanwhile). It announces every
+// entry its release granted; granted are those of them of the calling
+// session, so that the releasing Locker grants its own calls from the
+// reply, without the notice's hop, and a release that frees many Waits
+// of other Lockers does not send their names back as well.
 // A queue left empty deletes the queue (Redis does) and the session's
 // marker, which then guards no entry, so that an uncontended key keeps
 // only its counter; a marker whose session released while others were
@@ -279,7 +281,10 @@ local before = walk(false)
 local removed = redis.call('ZREM', q, ARGV[3])
 redis.call('HDEL', lkey, ARGV[3])
 local res = {removed * current}
-for _, m in ipairs(notify(before, walk(true))) do res[#res + 1] = m end
+local own = ARGV[4] .. '|'
+for _, m in ipairs(notify(before, walk(true))) do
+  if string.sub(m, 1, #own) == own then res[#res + 1] = m end
+end
 if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
 return res
 `
