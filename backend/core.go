@@ -64,7 +64,9 @@ func (k *Core) Start(e Engine) {
 	k.engine = e
 	k.watcher, _ = e.(Watcher)
 	k.checker, _ = e.(Checker)
-	k.ender, _ = e.(SessionEnder)
+	if en, ok := e.(SessionEnder); ok {
+		k.ender = en // else the Keeper's, if NewKeeper made one
+	}
 	if k.observe != nil {
 		k.obs = k.observe.Register(k.name, k.stats)
 	}

@@ -48,8 +48,9 @@
 // from what it sees change (etcd's watch of the keys ahead) implements
 // Watcher: WatchLocked, Refresh and UnwatchLocked bracket each call, and
 // it calls Core.GrantLocked, LoseLocked and RefreshLocked. An engine whose
-// sessions must be replaced when they end (a new etcd lease) implements
-// SessionEnder.
+// sessions are made and ended by round trips (an etcd lease, a
+// PostgreSQL session row) hands them to a Keeper, which replaces each
+// one that ends and ends those given up.
 //
 // Liveness must follow the engine's clock alone: an entry whose session
 // the engine has expired is dead, and the engine's own rules purge it

@@ -57,7 +57,8 @@ func (k *Core) StartSession(id string, sent time.Time, ttl time.Duration) *Sessi
 
 // EndSessionLocked ends s, as when its engine reports it gone: every call
 // on it is lost (a held grant's Lost closes; a queued call queues again
-// under a new session) and the engine hears of it (SessionEndedLocked).
+// under a new session) and its SessionEnder hears of it (a Keeper, which
+// replaces it).
 // The Core's mutex must be held.
 func (k *Core) EndSessionLocked(s *Session) int {
 	if s.ended {

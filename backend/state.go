@@ -109,7 +109,7 @@ type Core struct {
 	engine  Engine
 	watcher Watcher      // engine, if it is one
 	checker Checker      // engine, if it is one
-	ender   SessionEnder // engine, if it is one
+	ender   SessionEnder // the Keeper, or the engine if it is one
 	pkg     string       // Config.Package
 	kind    string
 	size    int64
@@ -247,10 +247,11 @@ type Checker interface {
 	Check(ctx context.Context, waiting []*Call)
 }
 
-// A SessionEnder is an Engine that must hear when one of its sessions
-// ends (expired, reported gone by Renew, or ended by the engine itself
-// with EndSessionLocked), to replace it: etcd grants a new lease. It is
-// called once per session, with the Core's mutex held.
+// A SessionEnder hears when one of the Core's sessions ends (expired,
+// reported gone by Renew, or ended with EndSessionLocked), to replace it:
+// a Keeper is one (NewKeeper makes it the Core's), and an Engine that
+// replaces its sessions itself may be one. It is called once per
+// session, with the Core's mutex held.
 type SessionEnder interface {
 	SessionEndedLocked(s *Session)
 }

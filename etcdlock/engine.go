@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -33,8 +32,8 @@ type engine struct {
 	size   int64  // a Semaphore's units per key; 0 for a Locker
 	value  string // valuePrefix: the start of every key's value (list.go)
 	seq    atomic.Uint64
-	leases leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
-	hub    hub         // the watch and its dispatch (hub.go)
+	leases *leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
+	hub    hub          // the watch and its dispatch (hub.go)
 }
 
 // tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
@@ -65,13 +64,14 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	rounds := 0    // and how many ranges it has judged
 	bound := attemptBound(e.k.TTL())
 	for {
-		s, ls, err := e.leases.current(ctx)
+		s, err := e.leases.Current(ctx)
 		if err != nil {
 			return backend.Enqueued{}, backend.Unwritten(err)
 		}
-		name := newName(e.root, c.Key(), ls.id, e.seq.Add(1), want)
+		lease := leaseID(s)
+		name := newName(e.root, c.Key(), lease, e.seq.Add(1), want)
 		c.Name(name)
-		put := clientv3.OpPut(name, valueOf(e.value, c.Owner().Name(), c.Label(), time.Now()), clientv3.WithLease(ls.id))
+		put := clientv3.OpPut(name, valueOf(e.value, c.Owner().Name(), c.Label(), time.Now()), clientv3.WithLease(lease))
 		build := func(tctx context.Context) clientv3.Txn {
 			txn := e.client.Txn(tctx)
 			switch {
@@ -104,7 +104,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		}
 		if err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				e.leases.failed(s)
+				e.leases.Failed(s)
 				continue
 			}
 			if refused(err) {
@@ -355,29 +355,22 @@ func (e *engine) deleteKey(ctx context.Context, name string, rev int64) error {
 	})
 }
 
-// Shutdown revokes the current lease, which deletes every key still
-// attached to it, and returns the entries of other leases for the kit's
-// last removals.
+// Shutdown revokes the current lease and those given up and not revoked
+// yet (Keeper.Shutdown), which deletes every key still attached to them,
+// and returns the entries of the others for the kit's last removals.
 func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.Entry, error) {
-	mu := e.k.Mu()
-	mu.Lock()
-	ls := e.leases.cur
-	e.leases.cur = nil
-	mu.Unlock()
-	if ls == nil {
-		return left, nil
+	done, err := e.leases.Shutdown(ctx)
+	revoked := make(map[string]bool, len(done))
+	for _, s := range done {
+		revoked[s.ID()] = true
 	}
-	if err := e.leases.revokeWith(ctx, ls); err != nil {
-		return left, err
-	}
-	id := strconv.FormatUint(uint64(ls.id), 16)
 	var rest []backend.Entry
 	for _, en := range left {
-		if leaseOf(en.ID) != id {
+		if !revoked[leaseOf(en.ID)] {
 			rest = append(rest, en)
 		}
 	}
-	return rest, nil
+	return rest, err
 }
 
 // refused reports whether err says that a request was not applied: the
@@ -436,7 +429,6 @@ func (e *engine) claimOf(c *backend.Call) claim {
 var _ backend.Watcher = (*engine)(nil)
 var _ backend.Lister = (*engine)(nil)
 var _ backend.BatchRemover = (*engine)(nil)
-var _ backend.SessionEnder = (*engine)(nil)
 
 // Renew sends the renewal of each session's lease: one KeepAliveOnce, or,
 // in a round after one that ran out of its bound, two at once (each on
@@ -445,18 +437,12 @@ var _ backend.SessionEnder = (*engine)(nil)
 func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) []backend.Renewal {
 	out := make([]backend.Renewal, 0, len(ss))
 	for _, s := range ss {
-		e.k.Mu().Lock()
-		ls, _ := s.Data().(*lease)
-		e.k.Mu().Unlock()
-		if ls == nil {
-			continue
-		}
 		n := 1
 		if attempt > 0 {
 			n = 2
 		}
 		sent := time.Now()
-		resp, err := e.leases.renew(ctx, ls.id, n)
+		resp, err := e.leases.renew(ctx, leaseID(s), n)
 		r := backend.Renewal{Session: s, Sent: sent}
 		switch {
 		case err == nil && resp.TTL > 0:
@@ -470,6 +456,3 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 	}
 	return out
 }
-
-// SessionEndedLocked gives up the lease of s (leaseKeeper.endedLocked).
-func (e *engine) SessionEndedLocked(s *backend.Session) { e.leases.endedLocked(s) }

@@ -161,10 +161,7 @@ func start(op string, client *clientv3.Client, prefix string, size int64, opts [
 		size:   size,
 		value:  valuePrefix(k.Process()),
 	}
-	e.leases = leaseKeeper{
-		mu: k.Mu(), k: k, client: client, ttl: s.TTL,
-		ch: make(chan struct{}), replace: make(chan struct{}, 1),
-	}
+	e.leases = newLeaseKeeper(k, client, s.TTL)
 	e.hub = hub{
 		mu: k.Mu(), client: client, root: e.root, k: k, judge: e.judgeLocked,
 	}
@@ -172,19 +169,19 @@ func start(op string, client *clientv3.Client, prefix string, size int64, opts [
 
 	ctx, cancel := context.WithTimeout(client.Ctx(), startTimeout)
 	defer cancel()
-	if err := grantFirst(ctx, &e.leases, client.Endpoints()); err != nil {
+	if err := grantFirst(ctx, e.leases, client.Endpoints()); err != nil {
 		k.Abort()
 		return nil, nil, fmt.Errorf("etcdlock: %s: grant lease: %w", op, err)
 	}
 	ready := e.hub.readyCh()
-	k.Go(e.leases.loop)
+	k.Go(e.leases.Run)
 	k.Go(e.hub.watchLoop)
 	select {
 	case <-ready:
 	case <-ctx.Done():
 		k.Abort()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(client.Ctx()), backend.CleanupTimeout)
-		e.leases.revokeWith(rctx, e.leases.cur)
+		e.leases.Shutdown(rctx)
 		rcancel()
 		return nil, nil, fmt.Errorf("etcdlock: %s: watch %q: %w", op, e.root, ctx.Err())
 	}

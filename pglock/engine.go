@@ -92,7 +92,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		})
 		switch {
 		case errors.Is(err, errSessionExpired) && !doubt:
-			e.sessions.expired(s)
+			e.sessions.Failed(s)
 			continue
 		case err != nil && unwritten(doubt, err):
 			return backend.Enqueued{}, backend.Unwritten(err)
@@ -197,9 +197,6 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 	return out
 }
 
-// SessionEndedLocked gives up the session s (keeper.endedLocked).
-func (e *engine) SessionEndedLocked(s *backend.Session) { e.sessions.endedLocked(s) }
-
 // Check re-reads the key of each waiting call (readKey: one round trip
 // per key, which purges the key's dead rows and announces what that
 // grants) and, for every call of this Locker on the key that was written
@@ -286,7 +283,7 @@ func (e *engine) Shutdown(ctx context.Context, left []backend.Entry) ([]backend.
 			rest = append(rest, en)
 		}
 	}
-	if err := e.sessions.shutdown(ctx); err != nil {
+	if _, err := e.sessions.Shutdown(ctx); err != nil {
 		return rest, err
 	}
 	return rest, nil
@@ -325,7 +322,6 @@ func (e *engine) List(ctx context.Context, key string) ([]keylock.CallInfo, erro
 }
 
 var (
-	_ backend.Checker      = (*engine)(nil)
-	_ backend.SessionEnder = (*engine)(nil)
-	_ backend.Lister       = (*engine)(nil)
+	_ backend.Checker = (*engine)(nil)
+	_ backend.Lister  = (*engine)(nil)
 )

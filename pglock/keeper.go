@@ -3,12 +3,9 @@ package pglock
 import (
 	"context"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/ctxerr"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -27,31 +24,27 @@ import (
 // session for later calls: the Locker does not die with its session, as
 // etcdlock's does not with its lease.
 
-// keeper keeps a Locker's session: it creates it, hands the current one
-// to calls (current), and replaces it when it ends (loop). New sets the
-// fields that come from the Locker; they do not change after.
+// keeper keeps a Locker's session: the kit's Keeper (which makes the
+// current session, hands it to calls, replaces it when it ends and
+// deletes the rows of those given up) on PostgreSQL's session rows, and
+// the renewals. newKeeper sets the fields; they do not change after, but
+// for l, which start sets before the Locker starts.
 type keeper struct {
-	mu   *sync.Mutex // the Core's mutex: guards cur, id, ready and ended
+	*backend.Keeper
 	k    *backend.Core
 	pool *pgxpool.Pool
 	sp   space
 	info sessionInfo
 	ttl  time.Duration
 	l    *listener // renewals go on its connection while it is up
-
-	cur     *backend.Session // the current session; nil while a new one is made
-	id      int64            // cur's id in fairlock_sessions
-	ready   chan struct{}    // closed once cur is set
-	replace chan struct{}    // cap 1: the current session ended; make another
-	ended   []int64          // sessions given up, whose rows are still to delete
 }
 
-// newKeeper returns a keeper with no session yet.
+// newKeeper returns k's keeper, with no session yet (Start makes the
+// first).
 func newKeeper(k *backend.Core, pool *pgxpool.Pool, sp space, info sessionInfo, ttl time.Duration) *keeper {
-	return &keeper{
-		mu: k.Mu(), k: k, pool: pool, sp: sp, info: info, ttl: ttl,
-		ready: make(chan struct{}), replace: make(chan struct{}, 1),
-	}
+	kp := &keeper{k: k, pool: pool, sp: sp, info: info, ttl: ttl}
+	kp.Keeper = backend.NewKeeper(k, "session", backend.CleanupTimeout, kp.open, kp.end)
+	return kp
 }
 
 // sessionID returns the id in fairlock_sessions of one of the kit's
@@ -61,135 +54,30 @@ func sessionID(s *backend.Session) int64 {
 	return id
 }
 
-// create makes a new session row and records it as the current session.
-func (kp *keeper) create(ctx context.Context) error {
+// open writes a new session row (createSession) and starts the kit's
+// session for it: the Keeper's open.
+func (kp *keeper) open(ctx context.Context) (*backend.Session, error) {
 	sent := time.Now()
 	id, err := createSession(ctx, kp.pool, kp.sp, kp.info, kp.ttl)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	s := kp.k.StartSession(strconv.FormatInt(id, 10), sent, kp.ttl)
-	kp.mu.Lock()
-	kp.cur, kp.id = s, id
-	close(kp.ready)
-	kp.mu.Unlock()
-	return nil
+	return kp.k.StartSession(strconv.FormatInt(id, 10), sent, kp.ttl), nil
 }
 
-// current returns the session a call should write under and its id,
-// waiting for a new one while the last is being replaced. It fails with
-// the context's error or fairlock.ErrClosed.
+// end deletes s's row (endSession): the Keeper's end.
+func (kp *keeper) end(ctx context.Context, s *backend.Session) error {
+	return endSession(ctx, kp.pool, sessionID(s))
+}
+
+// current returns the session a call should write under and its id
+// (Keeper.Current).
 func (kp *keeper) current(ctx context.Context) (*backend.Session, int64, error) {
-	closing := kp.k.Closing()
-	for {
-		kp.mu.Lock()
-		if closing.Err() != nil {
-			kp.mu.Unlock()
-			return nil, 0, fairlock.ErrClosed
-		}
-		s, id, ch := kp.cur, kp.id, kp.ready
-		kp.mu.Unlock()
-		if s != nil {
-			return s, id, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, 0, ctxerr.Of(ctx)
-		case <-closing.Done():
-			return nil, 0, fairlock.ErrClosed
-		}
+	s, err := kp.Current(ctx)
+	if err != nil {
+		return nil, 0, err
 	}
-}
-
-// expired ends s: the server says it has expired (an enqueue found it
-// so). Its calls are lost, and loop makes the next session.
-func (kp *keeper) expired(s *backend.Session) {
-	kp.mu.Lock()
-	kp.k.EndSessionLocked(s)
-	kp.mu.Unlock()
-}
-
-// endedLocked is the engine's SessionEndedLocked: s is given up; if it is
-// the current one, calls wait for the next, which loop makes, and its row
-// is deleted in the background. mu is held.
-func (kp *keeper) endedLocked(s *backend.Session) {
-	kp.ended = append(kp.ended, sessionID(s))
-	if kp.cur == s {
-		kp.cur, kp.id = nil, 0
-		kp.ready = make(chan struct{})
-	}
-	select {
-	case kp.replace <- struct{}{}:
-	default:
-	}
-}
-
-// loop deletes the rows of the sessions that ended and makes a new
-// session when the current one ended, until the background context
-// ends. It runs in its own goroutine.
-func (kp *keeper) loop() {
-	bg := kp.k.Background()
-	for {
-		select {
-		case <-kp.replace:
-		case <-bg.Done():
-			return
-		}
-		kp.mu.Lock()
-		old := kp.ended
-		kp.ended = nil
-		need := kp.cur == nil
-		kp.mu.Unlock()
-		for _, id := range old {
-			kp.k.Go(func() { kp.endLater(id) })
-		}
-		if !need {
-			continue
-		}
-		retry := backend.NewBackoff()
-		for {
-			ctx, cancel := context.WithTimeout(bg, backend.CleanupTimeout)
-			err := kp.create(ctx)
-			cancel()
-			if err == nil {
-				break
-			}
-			if bg.Err() != nil {
-				return
-			}
-			kp.k.Logger().Warn("pglock: creating a session failed; retrying", "locker", kp.k.Name(), "error", err)
-			if !retry.Wait(bg) {
-				return
-			}
-		}
-	}
-}
-
-// endLater deletes the row of a session the Locker gave up, so that the
-// calls still written under it (grants lost to a renewal deadline while
-// the database was unreachable, say) do not keep others waiting until it
-// expires. It retries until the delete succeeds, for at most twice the
-// TTL (by then the session has expired on the server anyway), or until
-// the Locker closes; Shutdown then deletes the rows left.
-func (kp *keeper) endLater(id int64) {
-	bg := kp.k.Background()
-	giveUp := time.Now().Add(2 * kp.ttl)
-	retry := backend.NewBackoff()
-	for {
-		ctx, cancel := context.WithTimeout(bg, backend.CleanupTimeout)
-		err := endSession(ctx, kp.pool, id)
-		cancel()
-		if err == nil || !time.Now().Before(giveUp) {
-			return
-		}
-		if !retry.Wait(bg) {
-			kp.mu.Lock()
-			kp.ended = append(kp.ended, id)
-			kp.mu.Unlock()
-			return
-		}
-	}
+	return s, sessionID(s), nil
 }
 
 // renew renews session id, reporting which of seqs are missing. The
@@ -259,25 +147,4 @@ func (kp *keeper) renew(ctx context.Context, id int64, seqs []int64, attempt int
 		return sent, settled.alive, settled.missing, nil
 	}
 	return sent, false, nil, err
-}
-
-// shutdown deletes the rows of the current session and of those that
-// ended, within ctx: every call still written under them is dead from
-// then on. It returns the first error.
-func (kp *keeper) shutdown(ctx context.Context) error {
-	kp.mu.Lock()
-	ids := kp.ended
-	kp.ended = nil
-	if kp.cur != nil {
-		ids = append(ids, kp.id)
-		kp.cur, kp.id = nil, 0
-	}
-	kp.mu.Unlock()
-	var first error
-	for _, id := range ids {
-		if err := endSession(ctx, kp.pool, id); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }

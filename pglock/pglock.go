@@ -134,7 +134,7 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 	if err := ensureSchema(ctx, pool); err != nil {
 		return nil, nil, err
 	}
-	if err := e.sessions.create(ctx); err != nil {
+	if err := e.sessions.Start(ctx); err != nil {
 		k.Abort()
 		return nil, nil, err
 	}
@@ -142,7 +142,7 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 	if err != nil {
 		k.Abort()
 		end, cancel := context.WithTimeout(context.Background(), backend.CleanupTimeout)
-		e.sessions.shutdown(end)
+		e.sessions.Shutdown(end)
 		cancel()
 		return nil, nil, err
 	}
@@ -169,7 +169,7 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 	e.sessions.l = l
 	bg := k.Background()
 	k.Go(func() { l.run(bg, conn) })
-	k.Go(e.sessions.loop)
+	k.Go(e.sessions.Run)
 	k.Go(func() { e.sweep(bg) })
 	k.Start(e)
 	return k, e, nil
