@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -23,18 +22,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// replyDropper is a TCP proxy in front of a real redis-server that can
-// lose one reply: once armed, the first connection that sends an EVALSHA
-// has its next reply held back (the script has run on the server), and
-// when the test says so the proxy closes that connection without
-// delivering it, as a network failure between the server's reply and the
-// client would. go-redis then sees EOF and sends the script again on a
-// new connection (its MaxRetries, 3 by default): a script that runs
-// twice must do what it did once.
+// replyDropper is a TCP proxy in front of a real redis-server that holds
+// back one reply: once armed, the first connection that sends a request
+// that match accepts (an EVALSHA, or only the enqueueing script's:
+// isEnqueue) has its next reply held (the script has run on the server).
+// When the test says so, the proxy delivers it late (deliver), or closes
+// that connection without it (drop), as a network failure between the
+// server's reply and the client would: go-redis then sees EOF and sends
+// the script again on a new connection (its MaxRetries, 3 by default),
+// and a script that runs twice must do what it did once.
 type replyDropper struct {
-	t    testing.TB
-	ln   net.Listener
-	addr string // the server's
+	t     testing.TB
+	ln    net.Listener
+	addr  string            // the server's
+	match func([]byte) bool // the requests whose reply may be held
 
 	mu      sync.Mutex
 	armed   bool
@@ -46,16 +47,23 @@ type replyDropper struct {
 	wg      sync.WaitGroup
 }
 
-func newReplyDropper(t testing.TB, addr string) *replyDropper {
+// newReplyDropper starts a proxy to the server at addr, closed by
+// t.Cleanup (which delivers a reply still held). match picks the requests
+// whose reply may be held; nil: any EVALSHA.
+func newReplyDropper(t testing.TB, addr string, match func([]byte) bool) *replyDropper {
 	t.Helper()
+	if match == nil {
+		match = func(req []byte) bool { return bytes.Contains(bytes.ToLower(req), []byte("evalsha")) }
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &replyDropper{t: t, ln: ln, addr: addr, held: make(chan struct{}), release: make(chan struct{})}
+	p := &replyDropper{t: t, ln: ln, addr: addr, match: match, held: make(chan struct{}), release: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
+		p.deliver()
 		ln.Close()
 		p.mu.Lock()
 		for _, c := range p.conns {
@@ -77,7 +85,8 @@ func (p *replyDropper) NewClient(t testing.TB) *redis.Client {
 	return newClient(t, &redis.Options{Addr: p.Addr()})
 }
 
-// arm makes the next EVALSHA's reply the one held back.
+// arm makes the reply to the next request that match accepts the one
+// held back.
 func (p *replyDropper) arm() {
 	p.mu.Lock()
 	p.armed = true
@@ -90,15 +99,24 @@ func (p *replyDropper) awaitHeld(d time.Duration) {
 	recvWithin(p.t, p.held, d, "proxy: no EVALSHA reply held")
 }
 
-// drop closes the held connection without its reply.
-func (p *replyDropper) drop() { close(p.release) }
+// drop closes the held connection without its reply. Only the first of
+// drop and deliver counts.
+func (p *replyDropper) drop() { p.let(false) }
 
-// deliver passes the held reply on, late.
-func (p *replyDropper) deliver() {
+// deliver passes the held reply on, late. Only the first of drop and
+// deliver counts.
+func (p *replyDropper) deliver() { p.let(true) }
+
+// let releases the held reply, forwarded or not, once.
+func (p *replyDropper) let(forward bool) {
 	p.mu.Lock()
-	p.forward = true
-	p.mu.Unlock()
-	close(p.release)
+	defer p.mu.Unlock()
+	select {
+	case <-p.release:
+	default:
+		p.forward = forward
+		close(p.release)
+	}
 }
 
 func (p *replyDropper) accept() {
@@ -131,7 +149,7 @@ func (p *replyDropper) up(c, s net.Conn) {
 		n, err := c.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			if p.armed && bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) {
+			if p.armed && p.match(buf[:n]) {
 				p.armed, p.target = false, c
 			}
 			p.mu.Unlock()
@@ -174,9 +192,6 @@ func (p *replyDropper) down(c, s net.Conn) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				return
-			}
 			return
 		}
 	}
@@ -191,7 +206,7 @@ func (p *replyDropper) down(c, s net.Conn) {
 // otherwise, the later one found by its periodic re-read of the queue).
 func TestEnqueueRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p := newReplyDropper(t, srv.Addr())
+	p := newReplyDropper(t, srv.Addr(), nil)
 	ca := srv.NewClient(t)
 	cb := p.NewClient(t)
 	const prefix = "retry"
@@ -271,7 +286,7 @@ func waitsBehind(t *testing.T, ctx context.Context, next <-chan keylock.Lease, n
 // its session on the key).
 func TestTryLockRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p := newReplyDropper(t, srv.Addr())
+	p := newReplyDropper(t, srv.Addr(), nil)
 	admin := srv.NewClient(t)
 	cb := p.NewClient(t)
 	const prefix = "retry-try"
@@ -320,7 +335,7 @@ func TestTryLockRetriedAfterLostReply(t *testing.T) {
 // error, and the entry is gone.
 func TestUnlockRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p := newReplyDropper(t, srv.Addr())
+	p := newReplyDropper(t, srv.Addr(), nil)
 	admin := srv.NewClient(t)
 	cb := p.NewClient(t)
 	const prefix = "retry-unlock"
@@ -562,7 +577,7 @@ func TestCancelWhileEnqueueInFlight(t *testing.T) {
 	for _, behind := range []bool{false, true} {
 		t.Run(fmt.Sprintf("behind=%v", behind), func(t *testing.T) {
 			srv := redistest.StartServer(t)
-			p := newReplyDropper(t, srv.Addr())
+			p := newReplyDropper(t, srv.Addr(), nil)
 			admin := srv.NewClient(t)
 			cb := p.NewClient(t)
 			const prefix = "inflight"
@@ -676,7 +691,7 @@ func TestSubscriptionOutageLogsOnce(t *testing.T) {
 // the stale announcement for a grant: it must wait behind the holder.
 func TestGrantAnnouncedThenSessionExpired(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p := newReplyDropper(t, srv.Addr())
+	p := newReplyDropper(t, srv.Addr(), nil)
 	admin := srv.NewClient(t)
 	cb := p.NewClient(t)
 	const prefix = "stale-notice"

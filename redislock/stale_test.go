@@ -3,8 +3,6 @@ package redislock_test
 import (
 	"bytes"
 	"context"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,89 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// enqueueHolder is a TCP proxy in front of a real redis-server that
-// delays one reply: once armed, the first connection that sends an
-// EVALSHA with three keys (the enqueueing script: the renewal, the
-// release and the check take fewer) has its next reply held back (the
-// script has run on the server) until deliver passes it on.
-type enqueueHolder struct {
-	ln   net.Listener
-	addr string
-
-	mu      sync.Mutex
-	armed   bool
-	target  net.Conn      // the client side of the connection whose reply is held
-	held    chan struct{} // closed when the reply is held
-	release chan struct{} // closed by deliver
-	conns   []net.Conn
-	wg      sync.WaitGroup
-}
-
 // enqueueRequest is how an enqueue's EVALSHA starts: the command, the
 // script's SHA1 and three keys.
 var enqueueRequest = []byte("$7\r\nevalsha\r\n$40\r\n")
 
-func newEnqueueHolder(t testing.TB, addr string) *enqueueHolder {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &enqueueHolder{ln: ln, addr: addr, held: make(chan struct{}), release: make(chan struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		p.deliver()
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *enqueueHolder) arm() {
-	p.mu.Lock()
-	p.armed = true
-	p.mu.Unlock()
-}
-
-// deliver passes the held reply on (once).
-func (p *enqueueHolder) deliver() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.release:
-	default:
-		close(p.release)
-	}
-}
-
-func (p *enqueueHolder) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.addr)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.up(c, s)
-		go p.down(c, s)
-	}
-}
-
-// isEnqueue reports whether a request is an EVALSHA with three keys.
+// isEnqueue reports whether a request is an EVALSHA with three keys: the
+// enqueueing script (the renewal, the release and the check take fewer).
 func isEnqueue(req []byte) bool {
 	i := bytes.Index(bytes.ToLower(req), enqueueRequest)
 	if i < 0 {
@@ -104,55 +25,6 @@ func isEnqueue(req []byte) bool {
 	}
 	rest := req[i+len(enqueueRequest):]
 	return len(rest) >= 40+2+8 && bytes.HasPrefix(rest[42:], []byte("$1\r\n3\r\n"))
-}
-
-func (p *enqueueHolder) up(c, s net.Conn) {
-	defer p.wg.Done()
-	defer s.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := c.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			if p.armed && isEnqueue(buf[:n]) {
-				p.armed, p.target = false, c
-			}
-			p.mu.Unlock()
-			if _, werr := s.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *enqueueHolder) down(c, s net.Conn) {
-	defer p.wg.Done()
-	defer c.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := s.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			target := p.target == c
-			if target {
-				p.target = nil
-			}
-			p.mu.Unlock()
-			if target {
-				close(p.held)
-				<-p.release
-			}
-			if _, werr := c.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // awaitRenewals waits until the Locker that owns marker has renewed it n
@@ -189,9 +61,9 @@ func awaitRenewals(t testing.TB, c redis.UniversalClient, marker string, n int, 
 func TestRenewalKeepsInFlightEntry(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.NewClient(t)
-	p := newEnqueueHolder(t, srv.Addr())
+	p := newReplyDropper(t, srv.Addr(), isEnqueue)
 	const prefix = "inflight"
-	l := newLocker(t, newClient(t, &redis.Options{Addr: p.ln.Addr().String()}), prefix)
+	l := newLocker(t, p.NewClient(t), prefix)
 	ctx := context.Background()
 	g1, err := l.RLock(ctx, "k")
 	if err != nil {
