@@ -66,6 +66,15 @@ type Backend struct {
 	// ("redislock.Locker").
 	Observed func(t testing.TB, prefix, name string, o fairlock.Observer) keylock.Locker
 	Kind     string
+	// Named returns a Locker on prefix, on a client of its own, made with
+	// TTL, WithName(name) and, if debug, WithDebug, closed by t.Cleanup;
+	// it must list a key's calls (keylock.Lister). WorkerName is the name
+	// of a worker's Locker (its package's first default name,
+	// "redislock-1"), as listings and debug views in other processes show
+	// it. Both are for the scenarios HoldersAcrossProcesses and
+	// DebugNamesHolderInOtherProcess, which fail without them.
+	Named      func(t testing.TB, prefix, name string, debug bool) keylock.Locker
+	WorkerName string
 }
 
 // start starts a worker of b doing role on key under prefix.

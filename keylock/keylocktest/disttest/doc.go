@@ -2,10 +2,11 @@
 // package keylock repeats, written once: worker processes (the test
 // binary re-executed), a fenced store, holders killed or paused past
 // their TTL, dead waiters, one fill of a cache across processes (package
-// flight), debug views and the Observer, and the benchmark of Waits
-// released together. keylocktest.Run checks one process's promises; this
-// package checks what only several processes, or a process's view of
-// itself, can show.
+// flight), debug views and the Observer, listings of a key's calls,
+// elections (package elect), and the benchmark of Waits released
+// together. keylocktest.Run checks one process's promises; this package
+// checks what only several processes, or a process's view of itself, can
+// show.
 //
 // A backend's tests run the checks (Run) with a Backend, a small adapter
 // over its engine (what a worker dials, how this process makes a Locker,
@@ -24,7 +25,13 @@
 //	}
 //
 // Start and Proc serve the backend's own tests across processes too, and
-// Observer its own tests of the Observer.
+// Observer its own tests of the Observer. Other scenarios are the
+// backend's to call, each from a Test function of its own, with the
+// prefix and bounds it chooses: the listing of a key's calls and the
+// debug views across processes (HoldersAcrossProcesses, ListedModes,
+// DebugNamesHolderInOtherProcess), and elections of package elect among
+// worker processes (ElectPausedLeader, ElectKilledLeader,
+// ElectResignAndObserve).
 //
 // A worker reports on its standard output, one line per event, and the
 // test reads the lines (Proc.Line, Proc.Wait); every check orders events

@@ -15,6 +15,7 @@ import (
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/flight"
 	"github.com/fairlock/fairlock/keylock"
+	"github.com/fairlock/fairlock/owner"
 )
 
 // The worker's side: the roles every backend's workers share. A role
@@ -37,7 +38,9 @@ type Tools struct {
 //
 //   - "fifo": Lock Key once, append "ID:TOKEN" to Key's log fenced with
 //     the grant (Args["id"]), say "granted ID TOKEN", Unlock.
-//   - "hold": Lock Key, say "held TOKEN", and stay until killed.
+//   - "hold": Lock Key, with a flow labelled Args["label"] if there is
+//     one (owner.NewLabeledContext), say "held TOKEN", and stay until
+//     killed.
 //   - "queue": Lock Key (queue until granted or killed), say "granted",
 //     Unlock.
 //   - "paused": Lock Key, say "held TOKEN", then check keylock.Valid in
@@ -45,6 +48,8 @@ type Tools struct {
 //     resumed, and say what they saw (see pausedRole); then wait for
 //     Lost, try a fenced write, Unlock, and say each outcome.
 //   - "flight": a process of the check FlightOneFill (see flightRole).
+//   - "elect": a candidate of the election on Key, with the value
+//     Args["value"], driven by the test's cues (see electRole).
 //
 // Any other role is other's, which runs with the worker's context; a nil
 // other fails such a role.
@@ -58,7 +63,11 @@ func (w Worker) Run(tools Tools, other func(ctx context.Context) error) int {
 		err = w.fifoRole(ctx, tools)
 	case "hold":
 		var g keylock.Lease
-		if g, err = tools.Locker.Lock(ctx, w.Key); err == nil {
+		hctx := ctx
+		if label, ok := w.Args["label"]; ok {
+			hctx = owner.NewLabeledContext(ctx, label)
+		}
+		if g, err = tools.Locker.Lock(hctx, w.Key); err == nil {
 			w.Say("held", g.Token())
 			select {} // until killed
 		}
@@ -72,6 +81,8 @@ func (w Worker) Run(tools Tools, other func(ctx context.Context) error) int {
 		err = w.pausedRole(ctx, tools)
 	case "flight":
 		err = w.flightRole(ctx, tools)
+	case "elect":
+		err = w.electRole(ctx, tools)
 	default:
 		if other == nil {
 			err = fmt.Errorf("unknown role %q", w.Role)
