@@ -19,22 +19,6 @@ import (
 // that a fenced store in this process checks. The scenarios are
 // disttest's; what is Redis's alone stays here.
 
-// namedBackend is newBackend(t, srv) with the Lockers of the listing
-// scenarios: named, with or without debug views, and the name of a
-// worker's Locker.
-func namedBackend(t *testing.T, srv *redistest.Server) disttest.Backend {
-	b := newBackend(t, srv)
-	b.Named = func(t testing.TB, prefix, name string, debug bool) keylock.Locker {
-		opts := []redislock.Option{redislock.WithName(name)}
-		if debug {
-			opts = append(opts, redislock.WithDebug())
-		}
-		return newLocker(t, srv.NewClient(t), prefix, opts...)
-	}
-	b.WorkerName = "redislock-1"
-	return b
-}
-
 // TestHoldersAcrossProcesses: a Locker lists a key's calls in grant order
 // across processes: the holder in a worker process with its flow's label,
 // its host and pid and its Locker's name, its token and age; then this
@@ -44,7 +28,7 @@ func namedBackend(t *testing.T, srv *redistest.Server) disttest.Backend {
 func TestHoldersAcrossProcesses(t *testing.T) {
 	srv := redistest.StartServer(t)
 	const prefix = "holders"
-	disttest.HoldersAcrossProcesses(t, namedBackend(t, srv), prefix)
+	disttest.HoldersAcrossProcesses(t, newBackend(t, srv), prefix)
 	// Labels go with their entries: nothing of the key is left.
 	c := srv.NewClient(t)
 	if n, err := c.Exists(context.Background(), strings.TrimSuffix(redislock.QueueKey(prefix, "k"), "q")+"l").Result(); err != nil || n != 0 {
@@ -79,7 +63,7 @@ func TestHoldersModesAndUnits(t *testing.T) {
 // call waits on a key held in a worker process names that holder: its
 // label, host:pid and Locker, its token; the JSON form carries the same.
 func TestDebugNamesHolderInOtherProcess(t *testing.T) {
-	disttest.DebugNamesHolderInOtherProcess(t, namedBackend(t, redistest.StartServer(t)), "debug-ahead")
+	disttest.DebugNamesHolderInOtherProcess(t, newBackend(t, redistest.StartServer(t)), "debug-ahead")
 }
 
 // TestElectPausedLeaderNeverActsAfterDeadline: the leader process is

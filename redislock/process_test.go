@@ -99,7 +99,15 @@ func newBackend(t testing.TB, srv *redistest.Server) disttest.Backend {
 		Observed: func(t testing.TB, prefix, name string, o fairlock.Observer) keylock.Locker {
 			return newLocker(t, srv.NewClient(t), prefix, redislock.WithDebug(), redislock.WithName(name), redislock.WithObserver(o))
 		},
-		Kind: "redislock.Locker",
+		Named: func(t testing.TB, prefix, name string, debug bool) keylock.Locker {
+			opts := []redislock.Option{redislock.WithName(name)}
+			if debug {
+				opts = append(opts, redislock.WithDebug())
+			}
+			return newLocker(t, srv.NewClient(t), prefix, opts...)
+		},
+		WorkerName: "redislock-1",
+		Kind:       "redislock.Locker",
 	}
 }
 

@@ -19,29 +19,13 @@ import (
 // that a fenced store in this process checks. The scenarios are
 // disttest's; what is etcd's alone stays here.
 
-// namedBackend is newBackend(t, srv) with the Lockers of the listing
-// scenarios: named, with or without debug views, and the name of a
-// worker's Locker.
-func namedBackend(t *testing.T, srv *etcdtest.Server) disttest.Backend {
-	b := newBackend(t, srv)
-	b.Named = func(t testing.TB, prefix, name string, debug bool) keylock.Locker {
-		opts := []etcdlock.Option{etcdlock.WithName(name)}
-		if debug {
-			opts = append(opts, etcdlock.WithDebug())
-		}
-		return newLocker(t, srv.Client(t), prefix, opts...)
-	}
-	b.WorkerName = "etcdlock-1"
-	return b
-}
-
 // TestHoldersAcrossProcesses: a Locker lists a key's calls in grant order
 // across processes: the holder in a worker process with its flow's label,
 // its host and pid and its Locker's name, its token and age; then this
 // process's waiter with its label and no token. Once the worker is
 // killed, its call leaves the listing with its lease.
 func TestHoldersAcrossProcesses(t *testing.T) {
-	disttest.HoldersAcrossProcesses(t, namedBackend(t, etcdtest.StartServer(t)), "/holders")
+	disttest.HoldersAcrossProcesses(t, newBackend(t, etcdtest.StartServer(t)), "/holders")
 }
 
 // TestHoldersModesAndUnits: shared holds, a queued Wait and a
@@ -80,7 +64,7 @@ func TestHoldersModesAndUnits(t *testing.T) {
 // call waits on a key held in a worker process names that holder: its
 // label, host:pid and Locker, its token; the JSON form carries the same.
 func TestDebugNamesHolderInOtherProcess(t *testing.T) {
-	disttest.DebugNamesHolderInOtherProcess(t, namedBackend(t, etcdtest.StartServer(t)), "/debug-ahead")
+	disttest.DebugNamesHolderInOtherProcess(t, newBackend(t, etcdtest.StartServer(t)), "/debug-ahead")
 }
 
 // TestElectPausedLeaderNeverActsAfterDeadline: the leader process is

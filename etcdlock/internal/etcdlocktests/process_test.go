@@ -194,7 +194,15 @@ func newBackend(t testing.TB, srv *etcdtest.Server) disttest.Backend {
 		Observed: func(t testing.TB, prefix, name string, o fairlock.Observer) keylock.Locker {
 			return newLocker(t, srv.Client(t), prefix, etcdlock.WithDebug(), etcdlock.WithName(name), etcdlock.WithObserver(o))
 		},
-		Kind: "etcdlock.Locker",
+		Named: func(t testing.TB, prefix, name string, debug bool) keylock.Locker {
+			opts := []etcdlock.Option{etcdlock.WithName(name)}
+			if debug {
+				opts = append(opts, etcdlock.WithDebug())
+			}
+			return newLocker(t, srv.Client(t), prefix, opts...)
+		},
+		WorkerName: "etcdlock-1",
+		Kind:       "etcdlock.Locker",
 	}
 }
 
