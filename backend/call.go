@@ -130,6 +130,11 @@ func (c *Call) Queued() bool { return c.state == queued && !c.granted && !c.gone
 // the engine renews. The Core's mutex must be held.
 func (c *Call) Confirmed() bool { return c.confirmed && !c.gone && c.state != released }
 
+// Releasing reports whether c's Unlock has begun: its entry may be gone
+// any moment, because it was released, and a renewal that finds it
+// missing does not count it lost. The Core's mutex must be held.
+func (c *Call) Releasing() bool { return c.releasing }
+
 // InFlight reports whether c's entry is named and its write not yet
 // answered: it may be in the engine, or land later. The Core's mutex must
 // be held.

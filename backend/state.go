@@ -296,7 +296,9 @@ type Renewal struct {
 	// confirmed since keep it.
 	Lapsed bool
 	// Gone lists the ids of the session's entries that are no longer in
-	// their queues: those calls are lost.
+	// their queues: those calls are lost, but for a call whose Unlock has
+	// begun (its entry is gone because it was released) and an id the
+	// Core no longer knows, which the kit passes over.
 	Gone []string
 }
 

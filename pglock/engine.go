@@ -117,11 +117,6 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	}
 }
 
-// releasing marks a call's Data once Release has begun: a renewal then
-// neither lists its row nor reports it missing (it is missing because it
-// was released).
-type releasing struct{}
-
 // Release deletes c's row (release): by its name, so only this grant's
 // row, even if retried late. The grant was current if the row was there
 // and its session alive. A release whose outcome was unknown is sent
@@ -129,10 +124,6 @@ type releasing struct{}
 // first one deleted it (nothing else deletes a live session's row but an
 // administrator), and the grant counts as released, not lost.
 func (e *engine) Release(ctx context.Context, c *backend.Call) (bool, error) {
-	mu := e.k.Mu()
-	mu.Lock()
-	c.SetData(releasing{})
-	mu.Unlock()
 	var removed, alive bool
 	doubt, err := retried(ctx, func() (err error) {
 		removed, alive, err = release(ctx, e.pool, e.sp, c.Key(), refOf(c.ID()))
@@ -169,7 +160,7 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 		mu := e.k.Mu()
 		mu.Lock()
 		e.k.WrittenLocked(func(c *backend.Call) bool {
-			if c.Confirmed() && c.Session() == s && c.Data() != (releasing{}) {
+			if c.Confirmed() && c.Session() == s && !c.Releasing() {
 				seqs = append(seqs, refOf(c.ID()).Seq)
 			}
 			return true
@@ -183,14 +174,10 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 		case !alive:
 			r.Expired = true
 		default:
-			mu.Lock()
+			// The kit does not count a call whose Unlock began meanwhile.
 			for _, q := range missing {
-				id := callRef{Session: sid, Seq: q}.String()
-				if c := e.k.CallLocked(id); c == nil || c.Data() != (releasing{}) {
-					r.Gone = append(r.Gone, id)
-				}
+				r.Gone = append(r.Gone, callRef{Session: sid, Seq: q}.String())
 			}
-			mu.Unlock()
 		}
 		out = append(out, r)
 	}
