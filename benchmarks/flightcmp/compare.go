@@ -1,18 +1,14 @@
 package flightcmp
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 	"github.com/fairlock/fairlock/flight"
 	"github.com/redis/go-redis/v9"
 )
@@ -22,7 +18,7 @@ import (
 type Comparison struct {
 	cfg   Config
 	rdb   *redis.Client
-	procs []*proc
+	procs []*proccmp.Proc
 	seq   int
 }
 
@@ -32,12 +28,8 @@ type Comparison struct {
 func Start(addr string, argv []string, cfg Config) (*Comparison, error) {
 	cfg = cfg.withDefaults()
 	c := &Comparison{cfg: cfg, rdb: redis.NewClient(&redis.Options{Addr: addr})}
-	spec, err := json.Marshal(workerSpec{Addr: addr, Config: cfg})
-	if err != nil {
-		return nil, err
-	}
 	for range cfg.Procs {
-		p, err := startProc(argv, string(spec))
+		p, err := proccmp.StartProc("flightcmp", argv, workerEnv, workerSpec{Addr: addr, Config: cfg})
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -50,7 +42,7 @@ func Start(addr string, argv []string, cfg Config) (*Comparison, error) {
 // Close stops the workers and closes the client.
 func (c *Comparison) Close() error {
 	for _, p := range c.procs {
-		p.stop()
+		p.Stop()
 	}
 	return c.rdb.Close()
 }
@@ -73,12 +65,12 @@ func (c *Comparison) Expiry(ctx context.Context, impl int) (fills int, lat []tim
 		return 0, nil, err
 	}
 	for _, p := range c.procs {
-		if err := p.send("run", impl, key); err != nil {
+		if err := p.Send("run", impl, key); err != nil {
 			return 0, nil, err
 		}
 	}
 	for _, p := range c.procs {
-		if _, err := p.expect("armed", key); err != nil {
+		if _, err := expect(p, "armed", key); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -90,7 +82,7 @@ func (c *Comparison) Expiry(ctx context.Context, impl int) (fills int, lat []tim
 		return 0, nil, err
 	}
 	for _, p := range c.procs {
-		f, err := p.expect("lat", key)
+		f, err := expect(p, "lat", key)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -133,77 +125,13 @@ func (c *Comparison) Run(ctx context.Context, progress io.Writer) (*Results, err
 	return r, nil
 }
 
-// proc is a worker process, seen from the parent.
-type proc struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string // its stdout, line by line; closed at EOF
-	done  chan struct{}
-}
-
-// startProc starts argv as a worker with spec; its stderr is the
-// parent's.
-func startProc(argv []string, spec string) (*proc, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), workerEnv+"="+spec)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+// expect returns the fields after "what key" of the worker's next such
+// line; an "error" line or the worker's exit is an error, and so is
+// nothing within answer.
+func expect(p *proccmp.Proc, what, key string) ([]string, error) {
+	f, err := p.Expect(answer, proccmp.Is(what, key))
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proc{cmd: cmd, stdin: stdin, lines: make(chan string, 16), done: make(chan struct{})}
-	go func() {
-		s := bufio.NewScanner(stdout)
-		s.Buffer(nil, 1<<20) // a "lat" line holds a number per request
-		for s.Scan() {
-			p.lines <- s.Text()
-		}
-		close(p.lines)
-		_ = cmd.Wait() // after the last read, as exec.Cmd.StdoutPipe asks
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// send writes one command line.
-func (p *proc) send(fields ...any) error {
-	_, err := fmt.Fprintln(p.stdin, fields...)
-	return err
-}
-
-// expect returns the fields after "what key" of the worker's next line,
-// which must be that; an "error" line, another line or the worker's exit
-// is an error, and so is nothing within a minute.
-func (p *proc) expect(what, key string) ([]string, error) {
-	select {
-	case line, ok := <-p.lines:
-		if !ok {
-			return nil, errors.New("flightcmp: a worker exited")
-		}
-		f := strings.Fields(line)
-		if len(f) < 2 || f[0] != what || f[1] != key {
-			return nil, fmt.Errorf("flightcmp: worker: %q, want %s %s", line, what, key)
-		}
-		return f[2:], nil
-	case <-time.After(answer):
-		return nil, fmt.Errorf("flightcmp: no %s from a worker within %v", what, answer)
-	}
-}
-
-// stop closes the worker's stdin, so that it exits, and kills it if it
-// has not within 10 s.
-func (p *proc) stop() {
-	_ = p.stdin.Close()
-	t := time.AfterFunc(10*time.Second, func() { _ = p.cmd.Process.Kill() })
-	defer t.Stop()
-	for range p.lines {
-	}
-	<-p.done
+	return f[2:], nil
 }

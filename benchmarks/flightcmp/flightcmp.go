@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 	"github.com/fairlock/fairlock/flight"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/redislock"
@@ -155,7 +156,7 @@ func (s store) setUnfenced(ctx context.Context, key string, e flight.Entry[strin
 }
 
 // The workers of a comparison: the program re-executed with workerEnv
-// set to the JSON of a workerSpec. A worker reads one command a line on
+// set to the JSON of a workerSpec (proccmp.StartProc). A worker reads one command a line on
 // stdin and answers on stdout:
 //
 //	run IMPL KEY   "armed KEY", then, once the parent has pushed its
@@ -177,13 +178,13 @@ type workerSpec struct {
 // IsWorker reports whether this process was started as a worker of a
 // comparison; the program's main (or TestMain) then calls RunWorker and
 // exits with its result.
-func IsWorker() bool { return os.Getenv(workerEnv) != "" }
+func IsWorker() bool { return proccmp.IsWorker(workerEnv) }
 
 // RunWorker runs a worker process (IsWorker) until its stdin closes, and
 // returns its exit code.
 func RunWorker() int {
 	var spec workerSpec
-	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
+	if err := proccmp.ReadSpec(workerEnv, &spec); err != nil {
 		fmt.Fprintln(os.Stderr, "flightcmp worker:", err)
 		return 2
 	}

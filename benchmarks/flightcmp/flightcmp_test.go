@@ -2,39 +2,26 @@ package flightcmp
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp/proccmptest"
 	"github.com/fairlock/fairlock/redislock/redistest"
-	"go.uber.org/goleak"
 )
 
 // The test binary is also the comparison's worker: Start re-executes it
 // with the worker's environment, and TestMain hands over to RunWorker.
-func TestMain(m *testing.M) {
-	if IsWorker() {
-		os.Exit(RunWorker())
-	}
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { proccmptest.Main(m, IsWorker, RunWorker) }
 
 // start starts a redis-server and a comparison on it with the Quick
 // configuration, both stopped by tb.Cleanup.
 func start(tb testing.TB) *Comparison {
 	tb.Helper()
 	srv := redistest.StartServer(tb)
-	c, err := Start(srv.Addr(), []string{os.Args[0], "-test.run=^$"}, Quick)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			tb.Error(err)
-		}
+	return proccmptest.Start(tb, func(argv []string) (*Comparison, error) {
+		return Start(srv.Addr(), argv, Quick)
 	})
-	return c
 }
 
 // TestFillsPerExpiry: an expiry under every worker's requests costs

@@ -4,13 +4,11 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"runtime"
 	"slices"
 	"strconv"
-	"strings"
-	"text/tabwriter"
 	"time"
+
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 )
 
 // The rows of the table.
@@ -51,25 +49,10 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 // Stat is a figure over the rounds: its median and range.
-type Stat struct {
-	Med, Lo, Hi float64
-	N           int // rounds
-}
+type Stat = proccmp.Stat
 
 // Stat returns row's figure for impl over the rounds.
-func (r *Results) Stat(row, impl int) Stat {
-	xs := slices.Clone(r.values[row][impl])
-	if len(xs) == 0 {
-		return Stat{Med: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
-	}
-	slices.Sort(xs)
-	n := len(xs)
-	med := xs[n/2]
-	if n%2 == 0 {
-		med = (xs[n/2-1] + xs[n/2]) / 2
-	}
-	return Stat{med, xs[0], xs[n-1], n}
-}
+func (r *Results) Stat(row, impl int) Stat { return proccmp.Summarize(r.values[row][impl]) }
 
 // Rows are the rows' names, in order.
 func (r *Results) Rows() []string { return rowNames[:] }
@@ -104,20 +87,12 @@ func cell(row int, st Stat) string {
 func (r *Results) Header() []string {
 	c := r.cfg
 	return []string{
-		"Machine: " + machine() + ".",
+		"Machine: " + proccmp.Machine() + ".",
 		fmt.Sprintf("One flight-compare run: %d interleaved %s of %d expiries per implementation, on one local redis-server. Each expiry: one key, expired, requested by %d processes × %d concurrent requests; a fill counts itself in Redis and takes %v.",
-			c.Rounds, plural(c.Rounds, "round", "rounds"), c.Expiries, c.Procs, c.Requests, c.Fill),
+			c.Rounds, proccmp.Plural(c.Rounds, "round", "rounds"), c.Expiries, c.Procs, c.Requests, c.Fill),
 		fmt.Sprintf("flight: a flight.Cache per process over redislock (WithTTL(%v)) and a Redis store whose writes are fenced by a Lua script. x/sync/singleflight: a singleflight.Group per process around the same read, fill and write (a plain SET).", c.TTL),
 		"Each cell: median (smallest–largest) over the rounds, each round's latency quantiles over all its requests; ratio: flight's median ÷ singleflight's.",
 	}
-}
-
-// plural returns one if n is 1, else many.
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // cells returns row's cells: each implementation's value and the ratio.
@@ -130,40 +105,17 @@ func (r *Results) cells(row int) []string {
 }
 
 // WriteText prints the header and the table as aligned text.
-func (r *Results) WriteText(w io.Writer) {
-	for _, s := range r.Header() {
-		fmt.Fprintln(w, s)
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\t"+strings.Join(Names[:], "\t")+"\tratio")
-	for row := range numRows {
-		fmt.Fprintln(tw, strings.Join(r.cells(row), "\t"))
-	}
-	tw.Flush()
-}
+func (r *Results) WriteText(w io.Writer) { r.table().WriteText(w) }
 
 // WriteMarkdown prints the header and the table in Markdown.
-func (r *Results) WriteMarkdown(w io.Writer) {
-	fmt.Fprintln(w, strings.Join(r.Header(), " "))
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| | "+strings.Join(Names[:], " | ")+" | ratio |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- |")
-	for row := range numRows {
-		fmt.Fprintln(w, "| "+strings.Join(r.cells(row), " | ")+" |")
-	}
-}
+func (r *Results) WriteMarkdown(w io.Writer) { r.table().WriteMarkdown(w) }
 
-// machine describes the machine: CPU, CPUs, GOMAXPROCS, Go version.
-func machine() string {
-	cpu := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if name, ok := strings.CutPrefix(line, "model name"); ok {
-				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
-				break
-			}
-		}
+// table returns the header and the table, whose last column is the
+// ratio.
+func (r *Results) table() proccmp.Table {
+	t := proccmp.Table{Header: r.Header(), Columns: slices.Concat(Names[:], []string{"ratio"})}
+	for row := range numRows {
+		t.Rows = append(t.Rows, r.cells(row))
 	}
-	return fmt.Sprintf("%s, %d CPUs, GOMAXPROCS=%d, %s %s/%s", cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return t
 }

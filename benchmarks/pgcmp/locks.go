@@ -10,6 +10,11 @@
 // order), as package rediscmp does for Redis; cmd/pg-compare prints the
 // table and pgcmp's Go benchmark runs the same scenarios.
 //
+// The scenarios, the worker processes and the table are those of package
+// internal/proccmp, which rediscmp shares; this package gives its locks
+// (proccmp.Locks), how they are configured and the header's sentence on
+// how each waits.
+//
 // The advisory locks are what most Go code writes by hand: a key hashed
 // to 64 bits (FNV-1a), a session-level lock held on the connection that
 // took it, so the connection stays out of the pool while the lock is
@@ -26,9 +31,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 	"github.com/fairlock/fairlock/pglock"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -48,69 +55,29 @@ var Names = [numImpls]string{"pglock", "pg_advisory_lock", "pg_try_advisory_lock
 // Prefix is pglock's prefix in every process of a comparison.
 const Prefix = "pgcmp"
 
-// Config sets what a comparison measures and how each lock waits. The
+// Config sets what a comparison measures (the shared proccmp.Config:
+// there TTL is pglock's session TTL) and how the polling loop waits. The
 // zero value of a field means its default (Defaults).
 type Config struct {
-	Rounds      int           // interleaved rounds
-	Uncontended int           // Lock+Unlock pairs per lock and round
-	HandOffs    int           // hand-offs per lock and round
-	MaxHold     time.Duration // hand-off: the holder keeps the key a random time below this after the waiter queued
-	HotDuration time.Duration // hot key: each timed run
-	HotG        int           // hot key: goroutines in each of the three processes
-	Waiters     int           // grant order: waiters queued per round, spread over three processes
-	TTL         time.Duration // pglock's session TTL
-	Bound       time.Duration // how long a waiting call waits at most
-	PollDelay   time.Duration // the polling loop's sleep between tries
+	proccmp.Config
+	PollDelay time.Duration // the polling loop's sleep between tries
 }
 
 // Defaults is the configuration of a full run of cmd/pg-compare.
 var Defaults = Config{
-	Rounds:      5,
-	Uncontended: 200,
-	HandOffs:    20,
-	MaxHold:     20 * time.Millisecond,
-	HotDuration: 2 * time.Second,
-	HotG:        4,
-	Waiters:     9,
-	TTL:         2 * time.Second,
-	PollDelay:   10 * time.Millisecond,
+	Config:    proccmp.Defaults,
+	PollDelay: 10 * time.Millisecond,
 }
 
 // Quick is a short configuration: one round with few samples, for CI's
 // single run of the benchmarks.
-var Quick = Config{
-	Rounds:      1,
-	Uncontended: 20,
-	HandOffs:    3,
-	HotDuration: 300 * time.Millisecond,
-	Waiters:     6,
-	TTL:         time.Second,
-}
+var Quick = Config{Config: proccmp.Quick}
 
 // withDefaults fills the zero fields of c from Defaults; Bound defaults
 // to five TTLs, at least 10 s.
 func (c Config) withDefaults() Config {
-	d := Defaults
-	set := func(x *int, v int) {
-		if *x <= 0 {
-			*x = v
-		}
-	}
-	setD := func(x *time.Duration, v time.Duration) {
-		if *x <= 0 {
-			*x = v
-		}
-	}
-	set(&c.Rounds, d.Rounds)
-	set(&c.Uncontended, d.Uncontended)
-	set(&c.HandOffs, d.HandOffs)
-	setD(&c.MaxHold, d.MaxHold)
-	setD(&c.HotDuration, d.HotDuration)
-	set(&c.HotG, d.HotG)
-	set(&c.Waiters, d.Waiters)
-	setD(&c.TTL, d.TTL)
-	setD(&c.Bound, max(5*c.TTL, 10*time.Second))
-	setD(&c.PollDelay, d.PollDelay)
+	c.Config = c.Config.WithDefaults()
+	proccmp.Default(&c.PollDelay, Defaults.PollDelay)
 	return c
 }
 
@@ -119,29 +86,45 @@ func (c Config) withDefaults() Config {
 // pglock's waiters none.
 func poolSize(cfg Config) int32 { return int32(max(cfg.HotG, cfg.Waiters) + 8) }
 
-// locks is one process's instance of each lock, on one pool.
+// locks is one process's instance of each lock, on one pool: its
+// proccmp.Locks.
 type locks struct {
 	cfg  Config
 	pool *pgxpool.Pool
 	pg   *pglock.Locker
 }
 
-// newLocks makes the locks on pool.
-func newLocks(pool *pgxpool.Pool, cfg Config) (*locks, error) {
+// open makes the locks on a pool of the server of dsn, sized for cfg
+// (poolSize).
+func open(dsn string, cfg Config) (*locks, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = poolSize(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, err
+	}
 	pg, err := pglock.New(pool, Prefix, pglock.WithTTL(cfg.TTL))
 	if err != nil {
+		pool.Close()
 		return nil, err
 	}
 	return &locks{cfg: cfg, pool: pool, pg: pg}, nil
 }
 
-// close closes pglock's Locker (the advisory locks hold nothing once
-// unlocked).
-func (l *locks) close() error { return l.pg.Close(context.Background()) }
+// Close closes pglock's Locker (the advisory locks hold nothing once
+// unlocked) and the pool.
+func (l *locks) Close() error {
+	err := l.pg.Close(context.Background())
+	l.pool.Close()
+	return err
+}
 
 // errNotGranted is what a lock call returns when it gave up: the wait
 // bound passed.
-var errNotGranted = errors.New("pgcmp: not granted")
+var errNotGranted = fmt.Errorf("pgcmp: %w", proccmp.ErrNotGranted)
 
 // advisoryKey is the 64-bit advisory lock of key: FNV-1a, as hand-written
 // code hashes a string key.
@@ -151,14 +134,16 @@ func advisoryKey(key string) int64 {
 	return int64(h.Sum64())
 }
 
-// lock locks key with implementation impl, waiting at most the bound (and
+// Lock locks key with implementation impl, waiting at most the bound (and
 // no longer than ctx), and returns the function that unlocks it. onWait,
 // if not nil, is called once if the call found the key taken and is going
 // to wait: for the polling loop when its first try failed; pglock and
 // the blocking advisory lock have no such hook, and the server is read
-// instead (waiting). The advisory locks keep their connection out of the
+// instead (Queued). The advisory locks keep their connection out of the
 // pool until unlock, which runs pg_advisory_unlock on it and returns it.
-func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (unlock func(context.Context) error, err error) {
+// No grant needs a keepAlive: pglock's session renews itself, and an
+// advisory lock lives with its connection.
+func (l *locks) Lock(ctx context.Context, impl int, key string, onWait func()) (unlock, keepAlive func(context.Context) error, err error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Bound)
 	defer cancel()
 	var once sync.Once
@@ -174,15 +159,15 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 			err = fmt.Errorf("%w: %w", errNotGranted, err)
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return g.Unlock, nil
+		return g.Unlock, nil, nil
 	case Advisory, Polling:
 		id := advisoryKey(key)
 		for {
 			conn, err := l.pool.Acquire(ctx)
 			if err != nil {
-				return nil, wrapBound(ctx, err)
+				return nil, nil, wrapBound(ctx, err)
 			}
 			ok := true
 			if impl == Advisory {
@@ -195,7 +180,7 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 				// doubt (its lock may be granted later): it is closed.
 				conn.Conn().Close(context.Background())
 				conn.Release()
-				return nil, wrapBound(ctx, err)
+				return nil, nil, wrapBound(ctx, err)
 			}
 			if ok {
 				return func(ctx context.Context) error {
@@ -208,7 +193,7 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 						return errors.New("pgcmp: pg_advisory_unlock: the lock was not held")
 					}
 					return nil
-				}, nil
+				}, nil, nil
 			}
 			conn.Release()
 			waiting()
@@ -217,11 +202,11 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
-				return nil, wrapBound(ctx, ctx.Err())
+				return nil, nil, wrapBound(ctx, ctx.Err())
 			}
 		}
 	}
-	return nil, fmt.Errorf("pgcmp: no lock %d", impl)
+	return nil, nil, fmt.Errorf("pgcmp: no lock %d", impl)
 }
 
 // wrapBound marks err as the bound's end if ctx has ended.
@@ -230,4 +215,42 @@ func wrapBound(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", errNotGranted, err)
 	}
 	return err
+}
+
+// callsSQL counts pglock's calls on a key ($1) under Prefix.
+const callsSQL = `SELECT count(*) FROM fairlock_calls WHERE prefix = '` + Prefix + `'::bytea AND key = convert_to($1, 'UTF8')`
+
+// lockersSQL counts the sessions that hold or wait for an advisory lock
+// ($1, a bigint: its high half is the classid, its low half the objid).
+const lockersSQL = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+    AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`
+
+// Queued returns, for pglock, the key's calls; for the blocking advisory
+// lock, the sessions that hold or wait for it; the polling loop's
+// waiters the server does not see.
+func (l *locks) Queued(ctx context.Context, impl int, key string) (int64, bool, error) {
+	var n int64
+	var err error
+	switch impl {
+	case PgLock:
+		err = l.pool.QueryRow(ctx, callsSQL, key).Scan(&n)
+	case Advisory:
+		err = l.pool.QueryRow(ctx, lockersSQL, advisoryKey(key)).Scan(&n)
+	default:
+		return 0, false, nil
+	}
+	return n, true, err
+}
+
+// rankTable is the table of the rank counters, which Start creates.
+const rankTable = `CREATE TABLE IF NOT EXISTS pgcmp_rank (key text PRIMARY KEY, n bigint NOT NULL)`
+
+// rankSQL increments a rank counter ($1) and returns its new value.
+const rankSQL = `INSERT INTO pgcmp_rank VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = pgcmp_rank.n + 1 RETURNING n`
+
+// Rank increments the key's rank counter of impl, a row of pgcmp_rank.
+func (l *locks) Rank(ctx context.Context, impl int, key string) (int64, error) {
+	var n int64
+	err := l.pool.QueryRow(ctx, rankSQL, strconv.Itoa(impl)+":"+key).Scan(&n)
+	return n, err
 }

@@ -9,6 +9,11 @@
 // in-process comparison of package benchmarks is; cmd/redis-compare
 // prints the table and rediscmp's Go benchmarks run the same scenarios.
 //
+// The scenarios, the worker processes and the table are those of package
+// internal/proccmp, which pgcmp shares; this package gives its locks
+// (proccmp.Locks), how they are configured and the header's sentence on
+// how each waits.
+//
 // redsync and bsm/redislock have no queue: a caller that finds the key
 // taken sleeps and tries again. They are configured for waiting the way
 // their documentation says: redsync with WithTries and a fixed
@@ -22,10 +27,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
 	bsmlock "github.com/bsm/redislock"
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 	"github.com/fairlock/fairlock/redislock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
@@ -47,18 +54,12 @@ var Names = [numImpls]string{"redislock", "redsync", "bsm/redislock"}
 // Prefix is redislock's prefix in every process of a comparison.
 const Prefix = "rediscmp"
 
-// Config sets what a comparison measures and how each lock waits. The
-// zero value of a field means its default (Defaults).
+// Config sets what a comparison measures (the shared proccmp.Config:
+// there TTL is redislock's session TTL, redsync's expiry and
+// bsm/redislock's TTL) and how redsync and bsm/redislock wait. The zero
+// value of a field means its default (Defaults).
 type Config struct {
-	Rounds       int           // interleaved rounds
-	Uncontended  int           // Lock+Unlock pairs per lock and round
-	HandOffs     int           // hand-offs per lock and round
-	MaxHold      time.Duration // hand-off: the holder keeps the key a random time below this after the waiter queued
-	HotDuration  time.Duration // hot key: each timed run
-	HotG         int           // hot key: goroutines in each of the three processes
-	Waiters      int           // grant order: waiters queued per round, spread over three processes
-	TTL          time.Duration // redislock's session TTL; redsync's expiry and bsm/redislock's TTL
-	Bound        time.Duration // how long a waiting call waits at most
+	proccmp.Config
 	RedsyncDelay time.Duration // redsync's WithRetryDelay
 	BsmMin       time.Duration // bsm/redislock's ExponentialBackoff minimum
 	BsmMax       time.Duration // and maximum
@@ -66,14 +67,7 @@ type Config struct {
 
 // Defaults is the configuration of a full run of cmd/redis-compare.
 var Defaults = Config{
-	Rounds:       5,
-	Uncontended:  200,
-	HandOffs:     20,
-	MaxHold:      20 * time.Millisecond,
-	HotDuration:  2 * time.Second,
-	HotG:         4,
-	Waiters:      9,
-	TTL:          2 * time.Second,
+	Config:       proccmp.Defaults,
 	RedsyncDelay: 10 * time.Millisecond,
 	BsmMin:       16 * time.Millisecond,
 	BsmMax:       128 * time.Millisecond,
@@ -81,79 +75,60 @@ var Defaults = Config{
 
 // Quick is a short configuration: one round with few samples, for CI's
 // single run of the benchmarks.
-var Quick = Config{
-	Rounds:      1,
-	Uncontended: 20,
-	HandOffs:    3,
-	HotDuration: 300 * time.Millisecond,
-	Waiters:     6,
-	TTL:         time.Second,
-}
+var Quick = Config{Config: proccmp.Quick}
 
 // withDefaults fills the zero fields of c from Defaults; Bound defaults
 // to five TTLs, at least 10 s.
 func (c Config) withDefaults() Config {
-	d := Defaults
-	set := func(x *int, v int) {
-		if *x <= 0 {
-			*x = v
-		}
-	}
-	setD := func(x *time.Duration, v time.Duration) {
-		if *x <= 0 {
-			*x = v
-		}
-	}
-	set(&c.Rounds, d.Rounds)
-	set(&c.Uncontended, d.Uncontended)
-	set(&c.HandOffs, d.HandOffs)
-	setD(&c.MaxHold, d.MaxHold)
-	setD(&c.HotDuration, d.HotDuration)
-	set(&c.HotG, d.HotG)
-	set(&c.Waiters, d.Waiters)
-	setD(&c.TTL, d.TTL)
-	setD(&c.Bound, max(5*c.TTL, 10*time.Second))
-	setD(&c.RedsyncDelay, d.RedsyncDelay)
-	setD(&c.BsmMin, d.BsmMin)
-	setD(&c.BsmMax, d.BsmMax)
+	c.Config = c.Config.WithDefaults()
+	proccmp.Default(&c.RedsyncDelay, Defaults.RedsyncDelay)
+	proccmp.Default(&c.BsmMin, Defaults.BsmMin)
+	proccmp.Default(&c.BsmMax, Defaults.BsmMax)
 	return c
 }
 
-// locks is one process's instance of each lock, on one client.
+// locks is one process's instance of each lock, on one client: its
+// proccmp.Locks.
 type locks struct {
-	cfg Config
-	rl  *redislock.Locker
-	rs  *redsync.Redsync
-	bsm *bsmlock.Client
+	cfg    Config
+	client *redis.Client
+	rl     *redislock.Locker
+	rs     *redsync.Redsync
+	bsm    *bsmlock.Client
 }
 
-// newLocks makes the three locks on client.
-func newLocks(client redis.UniversalClient, cfg Config) (*locks, error) {
+// open makes the three locks on a client of the server at addr.
+func open(addr string, cfg Config) (*locks, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
 	rl, err := redislock.New(client, Prefix, redislock.WithTTL(cfg.TTL))
 	if err != nil {
+		client.Close()
 		return nil, err
 	}
-	return &locks{cfg: cfg, rl: rl, rs: redsync.New(goredis.NewPool(client)), bsm: bsmlock.New(client)}, nil
+	return &locks{cfg: cfg, client: client, rl: rl, rs: redsync.New(goredis.NewPool(client)), bsm: bsmlock.New(client)}, nil
 }
 
-// close closes redislock's Locker (the others hold nothing).
-func (l *locks) close() error { return l.rl.Close(context.Background()) }
+// Close closes redislock's Locker (the others hold nothing) and the
+// client.
+func (l *locks) Close() error {
+	return errors.Join(l.rl.Close(context.Background()), l.client.Close())
+}
 
 // errNotGranted is what a lock call returns when it gave up: redsync's
 // tries ran out, or the wait bound passed.
-var errNotGranted = errors.New("rediscmp: not granted")
+var errNotGranted = fmt.Errorf("rediscmp: %w", proccmp.ErrNotGranted)
 
-// lock locks key with implementation impl, waiting at most the bound (and
+// Lock locks key with implementation impl, waiting at most the bound (and
 // no longer than ctx), and returns the function that unlocks it. onWait,
 // if not nil, is called once if the call found the key taken and is going
 // to wait: for redsync and bsm/redislock when their first try failed, from
 // their retry hooks (a WithRetryDelayFunc returning the fixed delay is
 // WithRetryDelay; a RetryStrategy that delegates to ExponentialBackoff is
 // that strategy); redislock has no such hook, and its queue is read
-// instead (QueueKey). keepAlive extends the grant by a TTL: redsync's
-// Extend, bsm/redislock's Refresh; redislock's session renews itself, so
-// its keepAlive does nothing.
-func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (unlock func(context.Context) error, keepAlive func(context.Context) error, err error) {
+// instead (Queued). keepAlive extends the grant by a TTL every third of
+// the TTL: redsync's Extend, bsm/redislock's Refresh; redislock's session
+// renews itself, so it has none.
+func (l *locks) Lock(ctx context.Context, impl int, key string, onWait func()) (unlock, keepAlive func(context.Context) error, err error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Bound)
 	defer cancel()
 	var once sync.Once
@@ -168,8 +143,7 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 		if err != nil {
 			return nil, nil, err
 		}
-		// redislock's session renews itself.
-		return g.Unlock, func(context.Context) error { return nil }, nil
+		return g.Unlock, nil, nil
 	case Redsync:
 		delay := l.cfg.RedsyncDelay
 		m := l.rs.NewMutex("redsync:"+key,
@@ -188,10 +162,10 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 					err = errors.New("redsync: unlock failed")
 				}
 				return err
-			}, func(ctx context.Context) error {
+			}, l.renewing(func(ctx context.Context) error {
 				_, err := m.ExtendContext(ctx)
 				return err
-			}, nil
+			}), nil
 	case Bsm:
 		lk, err := l.bsm.Obtain(ctx, "bsm:"+key, l.cfg.TTL, &bsmlock.Options{
 			RetryStrategy: &signalling{bsmlock.ExponentialBackoff(l.cfg.BsmMin, l.cfg.BsmMax), waiting},
@@ -202,9 +176,37 @@ func (l *locks) lock(ctx context.Context, impl int, key string, onWait func()) (
 			}
 			return nil, nil, err
 		}
-		return lk.Release, func(ctx context.Context) error { return lk.Refresh(ctx, l.cfg.TTL, nil) }, nil
+		return lk.Release, l.renewing(func(ctx context.Context) error { return lk.Refresh(ctx, l.cfg.TTL, nil) }), nil
 	}
 	return nil, nil, fmt.Errorf("rediscmp: no lock %d", impl)
+}
+
+// renewing returns a keepAlive that calls extend every third of the TTL
+// until it fails, and returns its error.
+func (l *locks) renewing(extend func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for {
+			time.Sleep(l.cfg.TTL / 3)
+			if err := extend(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Queued returns the length of redislock's queue of key (QueueKey); the
+// others have no queue to read.
+func (l *locks) Queued(ctx context.Context, impl int, key string) (int64, bool, error) {
+	if impl != RedisLock {
+		return 0, false, nil
+	}
+	n, err := l.client.ZCard(ctx, redislock.QueueKey(Prefix, key)).Result()
+	return n, true, err
+}
+
+// Rank increments the key's rank counter of impl with an INCR.
+func (l *locks) Rank(ctx context.Context, impl int, key string) (int64, error) {
+	return l.client.Incr(ctx, "rediscmp:rank:"+strconv.Itoa(impl)+":"+key).Result()
 }
 
 // signalling is a bsm/redislock RetryStrategy that calls waiting before

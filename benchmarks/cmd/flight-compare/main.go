@@ -14,11 +14,10 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"os"
 
 	"github.com/fairlock/fairlock/benchmarks/flightcmp"
-	"github.com/fairlock/fairlock/redislock/redistest"
+	"github.com/fairlock/fairlock/benchmarks/internal/proccmp"
 )
 
 func main() {
@@ -26,51 +25,22 @@ func main() {
 		os.Exit(flightcmp.RunWorker())
 	}
 	cfg := flightcmp.Defaults
-	quick := flag.Bool("quick", false, "one round of 2 expiries (flightcmp.Quick), for a smoke run")
-	markdown := flag.Bool("markdown", false, "print the table in Markdown")
-	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds")
+	cmd := proccmp.NewCommand("flight-compare", "one round of 2 expiries (flightcmp.Quick), for a smoke run", &cfg.Rounds)
 	flag.IntVar(&cfg.Expiries, "expiries", cfg.Expiries, "expiries per implementation and round")
 	flag.IntVar(&cfg.Procs, "procs", cfg.Procs, "worker processes")
 	flag.IntVar(&cfg.Requests, "requests", cfg.Requests, "concurrent requests per process and expiry")
 	flag.DurationVar(&cfg.Fill, "fill", cfg.Fill, "how long a fill runs")
-	flag.Parse()
-	if *quick {
-		cfg = flightcmp.Quick
-	}
-	if err := run(cfg, *markdown); err != nil {
-		fmt.Fprintln(os.Stderr, "flight-compare:", err)
-		os.Exit(1)
-	}
-}
-
-func run(cfg flightcmp.Config, markdown bool) error {
-	dir, err := os.MkdirTemp("", "flight-compare")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	srv, err := redistest.NewServer(dir)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	c, err := flightcmp.Start(srv.Addr(), []string{exe}, cfg)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	r, err := c.Run(context.Background(), os.Stderr)
-	if err != nil {
-		return err
-	}
-	if markdown {
-		r.WriteMarkdown(os.Stdout)
-	} else {
-		r.WriteText(os.Stdout)
-	}
-	return nil
+	cmd.Main(func() { cfg = flightcmp.Quick }, func(exe string) (proccmp.Printer, error) {
+		addr, stop, err := proccmp.StartRedis("flight-compare")
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		c, err := flightcmp.Start(addr, []string{exe}, cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		return c.Run(context.Background(), os.Stderr)
+	})
 }
