@@ -104,6 +104,9 @@ func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w 
 // (the janitor), so that it returns at once (those behind it were
 // granted with it).
 func (k *Core) finish(c *Call, err error) {
+	if err == nil && c.turnDone.Load() {
+		return // GrantTurnsLocked ended it
+	}
 	k.mu.Lock()
 	k.calls--
 	var e Entry
@@ -171,7 +174,9 @@ func (k *Core) run(ctx context.Context, c *Call) error {
 		if r.Renewed {
 			r.Session.extend(r.Sent, 0)
 		}
-		c.granted = c.granted || r.Granted
+		// A Turn is granted by the reply, by a notice naming its entry,
+		// or by a bound (GrantTurnsLocked) that came before the reply.
+		c.granted = c.granted || r.Granted || (c.mode == Turn && r.Token < c.turnBound)
 		var gate <-chan struct{}
 		if k.watcher != nil {
 			if gate = k.watcher.WatchLocked(c); gate != nil {
@@ -200,6 +205,9 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 	}()
 	var pause <-chan time.Time // the backoff before a Refresh is tried again
 	for {
+		if c.turnDone.Load() {
+			return nil // a Turn that GrantTurnsLocked ended
+		}
 		k.mu.Lock()
 		if s := c.session; c.granted && !c.gone && s != nil && !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
 			// Past its session's deadline the entry may have been purged:
@@ -271,6 +279,10 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 // janitor removes it if it is still there.
 func (k *Core) requeue(c *Call) error {
 	k.mu.Lock()
+	if c.turnDone.Load() {
+		k.mu.Unlock()
+		return nil // its turn came meanwhile (GrantTurnsLocked)
+	}
 	e := c.entry()
 	k.retireLocked(c)
 	c.gone, c.granted, c.refresh = false, false, false
@@ -284,6 +296,12 @@ func (k *Core) requeue(c *Call) error {
 // the key to the next call: the grant is never lost.
 func (k *Core) cancel(c *Call, err error) error {
 	k.mu.Lock()
+	if c.turnDone.Load() {
+		// Its turn came first (GrantTurnsLocked ended it): a Wait
+		// that returns nil.
+		k.mu.Unlock()
+		return nil
+	}
 	e := c.entry()
 	k.retireLocked(c)
 	c.state = released

@@ -44,7 +44,10 @@
 // a key's queue again, purging the entries of dead sessions, to cover a
 // notice lost while its channel was down and a holder that died (the kit
 // calls it every third of the TTL while calls wait, and after
-// Core.Reread). An engine that judges each waiting call's turn itself
+// Core.Reread). Such an engine may announce Turns by a bound instead of
+// by name (Core.GrantTurns: every Turn of a key with a token below the
+// bound has had its turn), so that a release frees any number of them
+// without walking or naming each. An engine that judges each waiting call's turn itself
 // from what it sees change (etcd's watch of the keys ahead) implements
 // Watcher: WatchLocked, Refresh and UnwatchLocked bracket each call, and
 // it calls Core.GrantLocked, LoseLocked and RefreshLocked. An engine whose

@@ -36,6 +36,86 @@ func (k *Core) GrantLocked(c *Call) {
 	}
 }
 
+// GrantTurns grants every Turn (Wait) of this Locker on key whose token
+// is below bound: the engine's notice that every call queued on key
+// before bound has left (bound is at or below the token of the first
+// call still queued, other Turns aside), so every Turn with a smaller
+// token has had its turn. One notice for a key thus frees any number of
+// Turns without naming them, and costs the engine that sends it nothing
+// per Turn. A Turn whose enqueue's reply has not come yet (its token is
+// not known) keeps the bound and compares its token with it when the
+// reply comes: the notice may overtake the reply, and a notice sent
+// before the Turn's enqueue ran names a bound at or below its token, so
+// no order of the two grants it wrongly. removed says that the engine
+// removed the entries of those Turns itself, with the bound's notice;
+// otherwise the janitor removes them. It takes the Core's mutex and costs
+// one pass over this Locker's calls on key.
+func (k *Core) GrantTurns(key string, bound uint64, removed bool) {
+	k.mu.Lock()
+	k.GrantTurnsLocked(key, bound, removed)
+	k.mu.Unlock()
+}
+
+// GrantTurnsLocked is GrantTurns with the Core's mutex held.
+//
+// A Turn it grants is ended here, in the same hold of the mutex: its
+// books are closed as the call's end would close them (finish), its
+// entry handed to the janitor, and its call woken to return at once,
+// without taking the mutex again. Many Turns woken together would
+// otherwise each take the mutex twice more on their way out, and on few
+// CPUs that convoy, not the engine, would set when the last returns;
+// this is the direct hand-off the in-process lock makes (fairlock's
+// waiters are granted by the releaser, not by themselves).
+func (k *Core) GrantTurnsLocked(key string, bound uint64, removed bool) {
+	cs := k.keys[key]
+	kept := cs[:0]
+	ended := false
+	for _, c := range cs {
+		if c.mode == Turn && c.state == queued {
+			switch {
+			case !c.confirmed:
+				c.turnBound = max(c.turnBound, bound)
+			case c.token < bound:
+				k.endTurnLocked(c, removed)
+				ended = true
+				continue
+			}
+		}
+		kept = append(kept, c)
+	}
+	clear(cs[len(kept):])
+	if len(kept) == 0 {
+		delete(k.keys, key)
+	} else {
+		k.keys[key] = kept
+	}
+	if ended {
+		k.signalIdle()
+		if !removed {
+			select {
+			case k.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// endTurnLocked ends c, a queued Turn whose turn has come, for its call:
+// what wait and finish would do for it but taking it out of its key's
+// list (the caller does), and the janitor's kick; its entry is left to
+// the janitor unless removed. The Core's mutex must be held.
+func (k *Core) endTurnLocked(c *Call, removed bool) {
+	e := c.entry()
+	k.retireLocked(c)
+	c.state = released
+	k.calls--
+	if !removed {
+		k.janitor[e.ID] = cleanup{entry: e}
+	}
+	c.turnDone.Store(true)
+	c.signal()
+}
+
 // LoseLocked marks c's current entry gone: a queued call queues again, a
 // held grant is lost (its Lost channel closes). The Core's mutex must be
 // held.
@@ -46,10 +126,12 @@ func (k *Core) LoseLocked(c *Call) {
 }
 
 // Lose marks the entry id gone if it is still the current entry of a
-// queued call (a re-read found it missing). It takes the Core's mutex.
+// queued call (a re-read found it missing), but a Turn's whose turn has
+// come (GrantTurns): its entry's only part was to keep its place until
+// then. It takes the Core's mutex.
 func (k *Core) Lose(id string) {
 	k.mu.Lock()
-	if c := k.ids[id]; c != nil && c.state == queued {
+	if c := k.ids[id]; c != nil && c.state == queued && !(c.mode == Turn && c.granted) {
 		k.loseLocked(c, time.Now())
 	}
 	k.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/fairlock"
@@ -82,6 +83,12 @@ type Call struct {
 	refresh    bool      // the engine asked for a re-read (Refresh)
 	releasing  bool      // Unlock has begun
 	lostClosed bool      // lost is closed
+	turnBound  uint64    // a Turn's: the highest bound of GrantTurnsLocked met before its token was known
+
+	// turnDone: a Turn that GrantTurnsLocked ended for its call (its
+	// books are closed; the call returns without taking the mutex).
+	// Written under the Core's mutex, read without it.
+	turnDone atomic.Bool
 }
 
 // Config is what a backend tells the kit about the Locker it makes.

@@ -193,7 +193,8 @@ func (e *engine) RemoveAll(ctx context.Context, key string, es []backend.Entry) 
 
 // release runs the release script: it removes member from key's queue,
 // grants this Locker's calls among those its release granted (the reply
-// names them: a hand-off within the process needs no notice), and
+// names them, and gives the Waits' bound: a hand-off within the process
+// needs no notice), and
 // reports whether member was there with its session alive.
 func (e *engine) release(ctx context.Context, key, member string) (bool, error) {
 	names := namesOf(e.esc, key)
@@ -202,12 +203,15 @@ func (e *engine) release(ctx context.Context, key, member string) (bool, error) 
 	if err != nil {
 		return false, err
 	}
-	if len(v) == 0 {
+	if len(v) < 2 {
 		return false, fmt.Errorf("redislock: unexpected reply %v from the release script", v)
 	}
-	if len(v) > 1 {
-		granted := make([]string, 0, len(v)-1)
-		for _, m := range v[1:] {
+	if b, _ := v[1].(int64); b > 0 {
+		e.k.GrantTurns(key, uint64(b), true)
+	}
+	if len(v) > 2 {
+		granted := make([]string, 0, len(v)-2)
+		for _, m := range v[2:] {
 			if s, ok := m.(string); ok {
 				granted = append(granted, s)
 			}
@@ -219,25 +223,30 @@ func (e *engine) release(ctx context.Context, key, member string) (bool, error) 
 }
 
 // check runs the check script on key's queue for member ("" for none):
-// whether member is in the queue, how many entries it holds, and the
-// entries that hold the key.
-func (e *engine) check(ctx context.Context, key, member string) (present bool, n int64, holders []string, err error) {
+// whether member is in the queue (or, for a Wait's, among the Waits),
+// how many entries the queue holds (Waits not counted: they hold
+// nothing), the Waits' bound (every Wait with a token below it has had
+// its turn; 0 with no Wait queued), and the entries that hold the key.
+func (e *engine) check(ctx context.Context, key, member string) (present bool, n int64, bound uint64, holders []string, err error) {
 	names := namesOf(e.esc, key)
 	v, err := checkScript.Run(ctx, e.client, []string{names.queue}, names.markers, e.channel, member).Slice()
 	if err != nil {
-		return false, 0, nil, err
+		return false, 0, 0, nil, err
 	}
-	if len(v) < 2 {
-		return false, 0, nil, fmt.Errorf("redislock: unexpected reply %v from the check script", v)
+	if len(v) < 3 {
+		return false, 0, 0, nil, fmt.Errorf("redislock: unexpected reply %v from the check script", v)
 	}
 	p, _ := v[0].(int64)
 	n, _ = v[1].(int64)
-	for _, m := range v[2:] {
+	if b, _ := v[2].(int64); b > 0 {
+		bound = uint64(b)
+	}
+	for _, m := range v[3:] {
 		if s, ok := m.(string); ok {
 			holders = append(holders, s)
 		}
 	}
-	return p == 1, n, holders, nil
+	return p == 1, n, bound, holders, nil
 }
 
 // Shutdown waits for stray renewals and leaves every entry to the kit's

@@ -22,3 +22,9 @@ func MarkerOf(prefix, key, member string) string {
 	sid, _, _ := strings.Cut(member, "|")
 	return namesOf(escape(prefix), key).markers + sid
 }
+
+// WaitsKey returns the Redis key of the Waits queued on key under
+// prefix (keys.go): a sorted set beside the queue (QueueKey).
+func WaitsKey(prefix, key string) string {
+	return namesOf(escape(prefix), key).waits
+}

@@ -2,18 +2,23 @@ package redislock
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/redis/go-redis/v9"
 )
 
 // Dispatch: how a waiting call learns that it holds the key.
 //
 // The listen loop reads the Locker's one subscription, on the prefix's
-// channel. Each notice lists the entries a script has just granted
+// channel. A notice lists the entries a script has just granted
 // (scripts.go); the kit marks those of this Locker granted and wakes
-// their calls (backend.Core.Granted). A notice published while the
+// their calls (backend.Core.Granted). A notice "@bound {tag}" says that
+// every Wait on the key of the tag with a token below bound has had its
+// turn; the kit grants this Locker's (backend.Core.GrantTurns), however
+// many, in one pass over its calls on the key. A notice published while the
 // subscription is down is lost, so when go-redis resubscribes (it
 // reconnects on its own and the server confirms the subscription again),
 // the kit re-reads the queue of every key with a waiting call
@@ -59,7 +64,30 @@ func (e *engine) listen() {
 				e.k.Reread()
 			}
 		case *redis.Message:
+			if strings.HasPrefix(m.Payload, "@") {
+				if key, bound, ok := e.parseBound(m.Payload); ok {
+					e.k.GrantTurns(key, bound, true)
+				}
+				continue
+			}
 			e.k.Granted(strings.Fields(m.Payload)...)
 		}
 	}
+}
+
+// parseBound reads a notice "@bound {E(P)/E(k)}" (the Waits' bound, and
+// the tag of the key's names, keys.go) of this Locker's prefix P: the
+// key k and the bound.
+func (e *engine) parseBound(p string) (key string, bound uint64, ok bool) {
+	num, tag, _ := strings.Cut(p[1:], " ")
+	bound, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	esc, ok := strings.CutPrefix(tag, "{"+e.esc+"/")
+	if !ok || !strings.HasSuffix(esc, "}") {
+		return "", 0, false
+	}
+	key, ok = backend.Unescape(esc[:len(esc)-1], "/{}")
+	return key, bound, ok
 }

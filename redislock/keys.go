@@ -9,11 +9,12 @@ import (
 )
 
 // The key layout. A Locker (or Semaphore) with prefix P keeps, for a lock
-// key k, four kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
+// key k, five kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
 // that they share one hash slot (one script may touch them all, on a
 // Redis Cluster too) while different lock keys spread over the slots:
 //
-//	{E(P)/E(k)}q       the queue: a sorted set, one entry per call (scripts.go)
+//	{E(P)/E(k)}q       the queue: a sorted set, one entry per call but Waits (scripts.go)
+//	{E(P)/E(k)}w       the Waits: a sorted set, one entry per Wait, scored as the queue
 //	{E(P)/E(k)}n       the fencing counter: the last token handed out for k
 //	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL; its value is the Locker's process
 //	{E(P)/E(k)}l       the labels: a hash, entry → its call's label, for labelled calls only
@@ -28,9 +29,12 @@ import (
 // memory follows the keys in use, not every key ever locked. The queue
 // comes and goes with the calls (Redis deletes an empty sorted set). A
 // label goes with its entry, whichever script removes it, and the hash
-// with its last label. A marker is set with the TTL by its session's enqueue, renewed while the
-// session has calls on the key, and deleted by the release that leaves
-// the queue empty; the marker of a session whose last call left while
+// with its last label. The set of Waits goes with its last Wait, which
+// its Locker removes once it returned, or ten TTLs after the last
+// enqueue of a Wait or renewal on the key (the Waits of a process that
+// died). A marker is set with the TTL by its session's enqueue, renewed
+// while the session has calls on the key, and deleted by the script that
+// leaves the queue and the Waits empty; the marker of a session whose last call left while
 // others were queued expires with its TTL. The counter is set by each
 // enqueue with an expiry of ten TTLs (the enqueuing Locker's), so it
 // expires once no call has queued on the key for that long. Tokens do not
@@ -48,23 +52,25 @@ func escape(s string) string { return backend.Escape(s, "/{}") }
 
 // QueueKey returns the Redis key of the queue of key under prefix: a
 // sorted set with one member per call holding or queued, in arrival
-// order (ZRANGE shows it; ZCARD counts the calls). It is for tools,
-// tests and demos that look at the queues directly; the members' format
-// is described in the package's scripts and may change.
+// order (ZRANGE shows it; ZCARD counts the calls), but Waits, which are
+// kept in a sorted set of their own beside it (the same name with a last
+// letter "w" for "q"). It is for tools, tests and demos that look at the
+// queues directly; the members' format is described in the package's
+// scripts and may change.
 func QueueKey(prefix, key string) string {
 	return "{" + escape(prefix) + "/" + escape(key) + "}q"
 }
 
 // names are the Redis keys of one lock key.
 type names struct {
-	queue, counter, markers string // markers: the prefix of the session markers
+	queue, waits, counter, markers string // markers: the prefix of the session markers
 }
 
 // namesOf returns the Redis keys of key under a prefix P, given
 // esc = escape(P) (core.esc).
 func namesOf(esc, key string) names {
 	tag := "{" + esc + "/" + escape(key) + "}"
-	return names{queue: tag + "q", counter: tag + "n", markers: tag + "s:"}
+	return names{queue: tag + "q", waits: tag + "w", counter: tag + "n", markers: tag + "s:"}
 }
 
 // procValue is the value of a Locker's markers: its process.

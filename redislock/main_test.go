@@ -45,14 +45,19 @@ func newLocker(t testing.TB, client redis.UniversalClient, prefix string, opts .
 	return l
 }
 
-// queueLen returns the number of entries in key's queue under prefix.
+// queueLen returns the number of entries in key's queue under prefix,
+// Waits included.
 func queueLen(t testing.TB, client redis.UniversalClient, prefix, key string) int {
 	t.Helper()
-	n, err := client.ZCard(context.Background(), redislock.QueueKey(prefix, key)).Result()
-	if err != nil {
-		t.Fatalf("ZCARD %s: %v", redislock.QueueKey(prefix, key), err)
+	n := 0
+	for _, z := range []string{redislock.QueueKey(prefix, key), redislock.WaitsKey(prefix, key)} {
+		m, err := client.ZCard(context.Background(), z).Result()
+		if err != nil {
+			t.Fatalf("ZCARD %s: %v", z, err)
+		}
+		n += int(m)
 	}
-	return int(n)
+	return n
 }
 
 // awaitQueue polls until key's queue under prefix has n entries, failing

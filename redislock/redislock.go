@@ -227,7 +227,7 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	}
 	var n int64
 	var err, cerr error // n, cerr: written by the goroutine, read only once it returned
-	if l.Core().Bounded(ctx, func() { _, n, _, cerr = l.e.check(ctx, key, "") }) {
+	if l.Core().Bounded(ctx, func() { _, n, _, _, cerr = l.e.check(ctx, key, "") }) {
 		err = cerr
 	} else {
 		err = ctx.Err()

@@ -11,10 +11,12 @@ import (
 )
 
 // TestReleaseRepliesOwnGrants: the release script announces every entry
-// its release granted on the channel, and replies with those of the
-// releasing session only, which its Locker grants without the notice's
-// hop; a release that frees other sessions' Waits does not send their
-// names back.
+// its release granted on the channel, and the Waits' bound, and replies
+// with the bound and the granted entries of the releasing session only,
+// which its Locker grants without the notice's hop; a release that frees
+// other sessions' calls does not send their names back, and it names no
+// Wait at all, however many: the bound stands for them, and their entries
+// are gone with the release.
 func TestReleaseRepliesOwnGrants(t *testing.T) {
 	c := redistest.Start(t)
 	ctx := context.Background()
@@ -24,10 +26,15 @@ func TestReleaseRepliesOwnGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// a's holder; behind it Waits of b and a, then a's Lock and b's Lock.
-	queue := []string{"a|1|x|0|0", "b|2|w|0|0", "a|3|w|0|0", "a|4|x|0|0", "b|5|x|0|0"}
+	// a's holder; behind it Waits of b and a (kept apart), then a's
+	// reader and b's reader, and a's Lock.
+	queue := []string{"a|1|x|0|0", "b|2|w|0|0", "a|3|w|0|0", "a|4|r|0|0", "b|5|r|0|0", "a|6|x|0|0"}
 	for i, m := range queue {
-		if err := c.ZAdd(ctx, names.queue, redis.Z{Score: float64(i + 1), Member: m}).Err(); err != nil {
+		z := names.queue
+		if strings.Contains(m, "|w|") {
+			z = names.waits
+		}
+		if err := c.ZAdd(ctx, z, redis.Z{Score: float64(i + 1), Member: m}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -41,14 +48,21 @@ func TestReleaseRepliesOwnGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []any{int64(1), "a|3|w|0|0", "a|4|x|0|0"}; !slices.Equal(v, want) {
-		t.Fatalf("release replied %v; want %v (the releasing session's grants only)", v, want)
+	if want := []any{int64(1), int64(4), "a|4|r|0|0"}; !slices.Equal(v, want) {
+		t.Fatalf("release replied %v; want %v (the bound, and the releasing session's grants only)", v, want)
 	}
-	msg, err := sub.ReceiveMessage(ctx)
-	if err != nil {
-		t.Fatal(err)
+	var got []string
+	for range 2 {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, msg.Payload)
 	}
-	if got, want := strings.Fields(msg.Payload), queue[1:4]; !slices.Equal(got, want) {
-		t.Fatalf("release announced %v; want %v (every entry it granted)", got, want)
+	if want := []string{"a|4|r|0|0 b|5|r|0|0", "@4 {release/k}"}; !slices.Equal(got, want) {
+		t.Fatalf("release announced %q; want %q (every entry it granted, then the bound)", got, want)
+	}
+	if n, err := c.Exists(ctx, names.waits).Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS %s: %d, %v; want the Waits whose turn came removed by the release", names.waits, n, err)
 	}
 }

@@ -15,15 +15,28 @@ import (
 // falls back to EVAL on NOSCRIPT, so a restarted server or a SCRIPT FLUSH
 // costs one EVAL, not an error.
 //
-// A key's queue is a sorted set of entries, one per call (see keys.go for
-// the names), scored by the call's fencing token, which the enqueue takes
-// above every score in the queue, so its order is arrival order. An entry
-// is "sid|seq|mode|w|n": the session of the Locker that made it, that
-// Locker's call number, the mode (x exclusive, r shared, u units of a
-// semaphore, w a Wait), the units asked (w) and the semaphore's size (n).
-// Whether an entry holds the key is not stored: it follows from the
+// A key's queue is a sorted set of entries, one per call but Waits (see
+// keys.go for the names), scored by the call's fencing token, which the
+// enqueue takes above every score queued, so its order is arrival order.
+// An entry is "sid|seq|mode|w|n": the session of the Locker that made it,
+// that Locker's call number, the mode (x exclusive, r shared, u units of
+// a semaphore, w a Wait), the units asked (w) and the semaphore's size
+// (n). Whether an entry holds the key is not stored: it follows from the
 // entries ahead of it (walk below), so a grant is never a separate write
 // that could be lost.
+//
+// Waits are kept apart, in the key's set of Waits, scored by their tokens
+// as the queue is. A Wait is a zero-length exclusive turn: its turn has
+// come once no entry of the queue is ahead of it (its token is below the
+// queue's first score, or the queue is empty), and from then on it is
+// transparent; until then it keeps the entries behind it from being
+// granted beside the queue's head (walk stops at the first Wait behind
+// the head). So whether a Wait's turn has come is one comparison with a
+// bound, the queue's first score, and a release that frees any number of
+// Waits walks none of them and announces them all with that bound: every
+// Wait of the key with a token below it (notify). Keeping them in the
+// queue instead would make every release walk, and name, each Wait
+// behind it.
 //
 // What a listing in another process shows (list.go) is kept beside the
 // queue: a session's marker holds its Locker's process (host, pid and
@@ -37,24 +50,37 @@ import (
 // marker expired (purge), so a dead process's entries go the first time
 // anyone looks at them, all at once: each costs no more than its session's
 // TTL, and dead entries do not add up (Redisson's fair lock instead waits
-// out one timeout per dead waiter, redisson/redisson#1353).
+// out one timeout per dead waiter, redisson/redisson#1353). A dead
+// session's Wait blocks nothing once the entries ahead of it are gone; it
+// goes with the set of Waits, which expires ten TTLs after the last
+// enqueue of a Wait or renewal of a session on the key, or when its
+// Locker's process comes back (the enqueue that sets the marker again).
 //
 // Every script that can change which entries hold the key publishes the
-// entries it newly granted on the Locker prefix's channel; the waiters'
-// Lockers dispatch them to their calls (hub.go).
+// entries it newly granted on the Locker prefix's channel, and, when the
+// queue's head moved past Waits, the bound below which every Wait's turn
+// has come; the waiters' Lockers dispatch them to their calls (hub.go).
 
 // prelude is shared by the scripts that walk a queue. KEYS[1] is the
 // queue; ARGV[1] the prefix of the key's session markers, ARGV[2] the
-// channel. The label hash's name is the queue's with its last letter
-// changed (keys.go): in the same hash slot, as the markers are.
+// channel. The names of the key's label hash and set of Waits are the
+// queue's with its last letter changed (keys.go): in the same hash slot,
+// as the markers are.
 const prelude = `
 local q = KEYS[1]
 local mpre = ARGV[1]
 local chan = ARGV[2]
-local lkey = string.sub(q, 1, -2) .. 'l'
--- unlist removes entry m from the queue, and its label.
+local tag = string.sub(q, 1, -2)
+local lkey = tag .. 'l'
+local wq = tag .. 'w'
+-- isWait reports whether m is a Wait's entry ("sid|seq|w|1|n"; the seq
+-- field, in base 36, may be "w" too).
+local function isWait(m)
+  return string.match(m, '^[^|]+|[^|]+|(%a)|') == 'w'
+end
+-- unlist removes entry m from the queue, or from the Waits, and its label.
 local function unlist(m)
-  redis.call('ZREM', q, m)
+  if isWait(m) then redis.call('ZREM', wq, m) else redis.call('ZREM', q, m) end
   redis.call('HDEL', lkey, m)
 end
 local alive = {}
@@ -78,30 +104,36 @@ local function fits(cnt, shared, units, sum, mode, w, n)
   if mode == 'u' then return units and sum + w <= n end
   return false
 end
+-- head returns the queue's first score, or nil if it is empty.
+local function head()
+  local h = redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')
+  return h[2] and tonumber(h[2])
+end
 -- walk returns the entries that hold the key (a prefix of the queue:
--- head-of-line) and the prefix's state. With purge it removes the entries
--- of expired sessions that it meets, the first blocked entry included.
--- A Wait ('w') whose turn has come (nothing granted ahead of it but
--- other such Waits) is granted and transparent: it does not count in
--- the prefix's state, so the entries behind it are judged as if it were
--- gone, and one release frees every Wait behind it and the call behind
--- them at once, before their Lockers remove their entries.
+-- head-of-line) and the prefix's state, and the score of the first Wait
+-- behind the queue's head (nil for none), which no entry behind it
+-- passes: it is granted beside the head only if ahead of that Wait.
+-- With purge it removes the entries of expired sessions that it meets,
+-- the first blocked entry included.
 local function walk(purge)
   local granted = {}
   local cnt, shared, units, sum = 0, true, true, 0
+  local bar = nil
   local i = 0
   while true do
-    local batch = redis.call('ZRANGE', q, i, i + 63)
+    local batch = redis.call('ZRANGE', q, i, i + 63, 'WITHSCORES')
     if #batch == 0 then break end
     local stop = false
-    for _, m in ipairs(batch) do
+    for j = 1, #batch, 2 do
+      local m = batch[j]
       local sid, mode, w, n = parse(m)
       if purge and not live(sid) then
         unlist(m)
-      elseif mode == 'w' and cnt == 0 then
-        granted[#granted + 1] = m
-        i = i + 1
-      elseif fits(cnt, shared, units, sum, mode, w, n) then
+      elseif cnt == 0 or ((bar == nil or tonumber(batch[j + 1]) < bar) and fits(cnt, shared, units, sum, mode, w, n)) then
+        if cnt == 0 then
+          local f = redis.call('ZRANGEBYSCORE', wq, '(' .. batch[j + 1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+          bar = f[2] and tonumber(f[2])
+        end
         granted[#granted + 1] = m
         cnt = cnt + 1
         shared = shared and mode == 'r'
@@ -115,10 +147,41 @@ local function walk(purge)
     end
     if stop then break end
   end
-  return granted, cnt, shared, units, sum
+  return granted, cnt, shared, units, sum, bar
 end
--- notify publishes the entries of after that were not in before.
-local function notify(before, after)
+-- bound returns the Waits' bound: every Wait with a token below it has
+-- had its turn. It is the queue's first score, or, with the queue
+-- empty, one above the last Wait's (nil with no Wait either). Call it
+-- after a purging walk, so that the queue's head is live.
+local function bound()
+  local b = head()
+  if b then return b end
+  local t = redis.call('ZRANGE', wq, -1, -1, 'WITHSCORES')
+  return t[2] and tonumber(t[2]) + 1
+end
+local function fmt(x) return string.format('%.0f', x) end
+-- dropWaits removes the Waits with a token below b, and their labels:
+-- their turn has come, and their Lockers learn it from the bound, not
+-- from their entries. ZREMRANGEBYSCORE does it without a walk in Lua;
+-- the labels, only if any call on the key has one, take one
+-- ZRANGEBYSCORE and HDELs of up to 1000 names each.
+local function dropWaits(b)
+  local lim = '(' .. fmt(b)
+  if redis.call('EXISTS', lkey) == 1 then
+    local ms = redis.call('ZRANGEBYSCORE', wq, '-inf', lim)
+    for i = 1, #ms, 1000 do
+      redis.call('HDEL', lkey, unpack(ms, i, math.min(i + 999, #ms)))
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', wq, '-inf', lim)
+end
+-- notify publishes the entries of after that were not in before, and,
+-- if the queue's head has moved past Waits since its score was hb (nil:
+-- the queue was empty, and no Wait waited), the Waits' bound, as
+-- "@bound tag" (tag: the queue's name less its last letter, from which
+-- a Locker reads the key), having removed the Waits below it. It returns
+-- the entries it published, and the bound it published (nil for none).
+local function notify(before, after, hb)
   local was = {}
   for _, m in ipairs(before) do was[m] = true end
   local news = {}
@@ -126,7 +189,15 @@ local function notify(before, after)
     if not was[m] then news[#news + 1] = m end
   end
   if #news > 0 then redis.call('PUBLISH', chan, table.concat(news, ' ')) end
-  return news
+  if hb and redis.call('EXISTS', wq) == 1 then
+    local b = bound()
+    if b > hb and redis.call('ZCOUNT', wq, fmt(hb), '(' .. fmt(b)) > 0 then
+      dropWaits(b)
+      redis.call('PUBLISH', chan, '@' .. fmt(b) .. ' ' .. tag)
+      return news, b
+    end
+  end
+  return news, nil
 end
 `
 
@@ -173,9 +244,9 @@ end
 // double too. The reply's token is converted to a Redis integer exactly.
 var enqueueScript = redis.NewScript(`
 local member, ttl, kind, proc, label = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
--- The token: above the key's counter, above every entry queued (top, the
--- highest score), and not below the server's clock in microseconds (see
--- the comment above).
+-- The token: above the key's counter, above every entry and Wait queued
+-- (top, the highest score), and not below the server's clock in
+-- microseconds (see the comment above).
 local function nextToken(top)
   local t = redis.call('TIME')
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -186,31 +257,41 @@ local function nextToken(top)
   redis.call('SET', KEYS[2], tok, 'PX', string.format('%.0f', ttl * 10))
   return token, tok
 end
+-- topOf returns the highest score of the sorted set z, or nil.
+local function topOf(z)
+  local t = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  return t[2] and tonumber(t[2])
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   -- A free key: nothing to walk, purge or announce (so this comes before
   -- the prelude's functions are even made). The call is granted at once
-  -- (a Wait's turn has come: nothing is written).
+  -- (a Wait's turn has come: nothing is written), with a token above the
+  -- Waits that are left, whose turns have come.
   if kind == 'w' then return {2} end
   redis.call('SET', KEYS[3], proc, 'PX', ttl)
-  local token, tok = nextToken(nil)
+  local token, tok = nextToken(topOf(string.sub(KEYS[1], 1, -2) .. 'w'))
   redis.call('ZADD', KEYS[1], tok, member)
   if label ~= '' then redis.call('HSET', string.sub(KEYS[1], 1, -2) .. 'l', member, label) end
   return {1, token, 1}
 end
 ` + prelude + `
 local sid, mode, w, n = parse(member)
+local wait = mode == 'w'
 local before = walk(false)
+local hb = head()
 if redis.call('EXISTS', KEYS[3]) == 0 then
   -- Entries of this session left from before its marker expired are dead
   -- (their calls were told so, or will be); they go before the marker
   -- comes back.
   local pre = sid .. '|'
-  for _, m in ipairs(redis.call('ZRANGE', q, 0, -1)) do
-    if string.sub(m, 1, #pre) == pre then unlist(m) end
+  for _, z in ipairs({q, wq}) do
+    for _, m in ipairs(redis.call('ZRANGE', z, 0, -1)) do
+      if string.sub(m, 1, #pre) == pre then unlist(m) end
+    end
   end
 end
-local g, cnt, shared, units, sum = walk(true)
-local had = redis.call('ZSCORE', q, member)
+local g, cnt, shared, units, sum, bar = walk(true)
+local had = redis.call('ZSCORE', wait and wq or q, member)
 if had then
   -- This call's script ran before: go-redis sends a script again when
   -- its reply was lost (EOF, a read timeout). Report what the first run
@@ -218,7 +299,12 @@ if had then
   -- grant may already have been announced, and a Try would answer {0}
   -- with its entry left holding the key.
   redis.call('SET', KEYS[3], proc, 'PX', ttl)
-  notify(before, g)
+  notify(before, g, hb)
+  if wait then
+    local b = head()
+    if b == nil or tonumber(had) < b then return {1, tonumber(had), 1} end
+    return {1, tonumber(had), 0}
+  end
   for _, m in ipairs(g) do
     if m == member then return {1, tonumber(had), 1} end
   end
@@ -228,39 +314,46 @@ local total = redis.call('ZCARD', q)
 if mode == 'u' and total > 0 then
   local hs, hm, hw, hn = parse(redis.call('ZRANGE', q, 0, 0)[1])
   if hm == 'u' and hn ~= n then
-    notify(before, g)
+    notify(before, g, hb)
     return {-1, hn}
   end
 end
--- Granted at once: every entry is granted (transparent Waits included)
--- and the new one fits beside them; a Wait, when only transparent Waits
--- are granted.
-local now = #g == total and ((mode == 'w' and cnt == 0) or (mode ~= 'w' and fits(cnt, shared, units, sum, mode, w, n)))
+-- Granted at once: a Wait when the queue is empty (its purge included);
+-- another call when every entry is granted, no Wait waits behind the
+-- head, and it fits beside them.
+local now = total == 0 or (not wait and #g == total and bar == nil and fits(cnt, shared, units, sum, mode, w, n))
 if (kind == 't' and not now) or (kind == 'w' and now) then
-  notify(before, g)
+  notify(before, g, hb)
   if kind == 't' then return {0} end
   return {2}
 end
 redis.call('SET', KEYS[3], proc, 'PX', ttl)
-local top = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-local token, tok = nextToken(top[2] and tonumber(top[2]))
-redis.call('ZADD', q, tok, member)
+local top, wtop = topOf(q), topOf(wq)
+if wtop and (top == nil or wtop > top) then top = wtop end
+local token, tok = nextToken(top)
+if wait then
+  redis.call('ZADD', wq, tok, member)
+else
+  redis.call('ZADD', q, tok, member)
+end
 if label ~= '' then redis.call('HSET', lkey, member, label) end
-notify(before, g)
+notify(before, g, hb)
 if now then return {1, token, 1} end
 return {1, token, 0}
 `)
 
 // releaseSrc removes an entry of the calling session. KEYS: queue, the
 // session's marker. ARGV: marker prefix, channel, entry, the session's
-// id. It returns {1, granted...} if the entry was there and its session
-// alive, {0, granted...} if not (someone removed it, or the session's
-// marker expired and anyone may purge the entry: the grant was lost,
-// whether or not another call was granted meanwhile). It announces every
-// entry its release granted; granted are those of them of the calling
-// session, so that the releasing Locker grants its own calls from the
-// reply, without the notice's hop, and a release that frees many Waits
-// of other Lockers does not send their names back as well.
+// id. It returns {1, bound, granted...} if the entry was there and its
+// session alive, {0, bound, granted...} if not (someone removed it, or
+// the session's marker expired and anyone may purge the entry: the grant
+// was lost, whether or not another call was granted meanwhile). It
+// announces every entry its release granted, and the Waits' bound if it
+// moved (notify); the reply's bound is that bound (0 if it did not move)
+// and granted are the entries of the calling session it granted, so that
+// the releasing Locker grants its own calls, Waits included, from the
+// reply, without the notice's hop, and a release that frees many calls of
+// other Lockers does not send their names back as well.
 // A queue left empty deletes the queue (Redis does) and the session's
 // marker, which then guards no entry, so that an uncontended key keeps
 // only its counter; a marker whose session released while others were
@@ -270,22 +363,36 @@ const releaseSrc = `
 local current = redis.call('EXISTS', KEYS[2])
 if redis.call('ZCARD', KEYS[1]) == 1 and redis.call('ZREM', KEYS[1], ARGV[3]) == 1 then
   -- The entry was the queue's only one: nothing is granted by its
-  -- release, and the queue is gone (so this comes before the prelude's
-  -- functions are even made).
-  redis.call('HDEL', string.sub(KEYS[1], 1, -2) .. 'l', ARGV[3])
+  -- release but the Waits behind it, whose turns have all come, and
+  -- the queue is gone (so this comes before the prelude's functions are
+  -- even made). The Waits go with it, and with them every label left
+  -- (only Waits could still have one), and the session's marker, which
+  -- guards no entry any more.
+  local tag = string.sub(KEYS[1], 1, -2)
+  local t = redis.call('ZRANGE', tag .. 'w', -1, -1, 'WITHSCORES')
+  local b = 0
+  if t[2] then
+    b = tonumber(t[2]) + 1
+    redis.call('DEL', tag .. 'w', tag .. 'l')
+    redis.call('PUBLISH', ARGV[2], '@' .. string.format('%.0f', b) .. ' ' .. tag)
+  else
+    redis.call('HDEL', tag .. 'l', ARGV[3])
+  end
   redis.call('DEL', KEYS[2])
-  return {current}
+  return {current, b}
 end
 ` + prelude + `
 local before = walk(false)
-local removed = redis.call('ZREM', q, ARGV[3])
+local hb = head()
+local removed = redis.call('ZREM', isWait(ARGV[3]) and wq or q, ARGV[3])
 redis.call('HDEL', lkey, ARGV[3])
-local res = {removed * current}
+local news, b = notify(before, walk(true), hb)
+local res = {removed * current, b or 0}
 local own = ARGV[4] .. '|'
-for _, m in ipairs(notify(before, walk(true))) do
+for _, m in ipairs(news) do
   if string.sub(m, 1, #own) == own then res[#res + 1] = m end
 end
-if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
+if redis.call('EXISTS', q) == 0 and redis.call('EXISTS', wq) == 0 then redis.call('DEL', KEYS[2]) end
 return res
 `
 
@@ -343,11 +450,12 @@ func runOnce(ctx context.Context, c redis.UniversalClient, s *redis.Script, src 
 // (0/1), entries in the queue, the entries that hold the key...}.
 var checkScript = redis.NewScript(prelude + `
 local before = walk(false)
+local hb = head()
 local after = walk(true)
-notify(before, after)
+notify(before, after, hb)
 local present = 0
-if ARGV[3] ~= '' and redis.call('ZSCORE', q, ARGV[3]) then present = 1 end
-local res = {present, redis.call('ZCARD', q)}
+if ARGV[3] ~= '' and redis.call('ZSCORE', isWait(ARGV[3]) and wq or q, ARGV[3]) then present = 1 end
+local res = {present, redis.call('ZCARD', q), bound() or 0}
 for _, m in ipairs(after) do res[#res + 1] = m end
 return res
 `)
@@ -380,25 +488,27 @@ return res
 var renewScript = redis.NewScript(prelude + `
 local marker, ttl, cutoff = KEYS[2], ARGV[3], tonumber(ARGV[4])
 if redis.call('PEXPIRE', marker, ttl) == 0 then return {-1} end
-local res = {0}
+local res = {0, 0}
 local known = {}
 for i = 5, #ARGV do
   known[ARGV[i]] = true
-  if not redis.call('ZSCORE', q, ARGV[i]) then res[#res + 1] = ARGV[i] end
+  if not redis.call('ZSCORE', isWait(ARGV[i]) and wq or q, ARGV[i]) then res[#res + 1] = ARGV[i] end
 end
 local sid = string.sub(marker, #mpre + 1)
 local before = walk(false)
-local head = walk(true)
+local hb = head()
+local held = walk(true)
 local stale = false
-for _, m in ipairs(head) do
+for _, m in ipairs(held) do
   local s, seq = string.match(m, '^([^|]+)|([^|]+)|')
   if s == sid and not known[m] and tonumber(seq, 36) <= cutoff then
     unlist(m)
     stale = true
   end
 end
-if stale then head = walk(true) end
-notify(before, head)
+if stale then held = walk(true) end
+notify(before, held, hb)
+res[2] = bound() or 0
 return res
 `)
 
@@ -411,16 +521,16 @@ return res
 // key, else "0". Its cost is the queue's length.
 var listScript = redis.NewScript(prelude + `
 local before = walk(false)
+local hb = head()
 local after = walk(true)
-notify(before, after)
+notify(before, after, hb)
 local held = {}
 for _, m in ipairs(after) do held[m] = true end
+local b = bound()
 local t = redis.call('TIME')
 local res = {t[1], t[2]}
 local procs = {}
-local all = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
-for i = 1, #all, 2 do
-  local m = all[i]
+local function add(m, score, h)
   local sid = parse(m)
   if sid and live(sid) then
     local p = procs[sid]
@@ -428,13 +538,26 @@ for i = 1, #all, 2 do
       p = redis.call('GET', mpre .. sid) or ''
       procs[sid] = p
     end
-    local h = '0'
-    if held[m] then h = '1' end
     res[#res + 1] = m
-    res[#res + 1] = string.format('%.0f', tonumber(all[i + 1]))
+    res[#res + 1] = fmt(score)
     res[#res + 1] = p
     res[#res + 1] = redis.call('HGET', lkey, m) or ''
-    res[#res + 1] = h
+    res[#res + 1] = h and '1' or '0'
+  end
+end
+-- The queue and the Waits, merged in token order: the Waits whose turn
+-- has come (below the bound) come before the queue's head.
+local all = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+local ws = redis.call('ZRANGE', wq, 0, -1, 'WITHSCORES')
+local i, j = 1, 1
+while i <= #all or j <= #ws do
+  if j <= #ws and (i > #all or tonumber(ws[j + 1]) < tonumber(all[i + 1])) then
+    local sc = tonumber(ws[j + 1])
+    add(ws[j], sc, b ~= nil and sc < b)
+    j = j + 2
+  else
+    add(all[i], tonumber(all[i + 1]), held[all[i]])
+    i = i + 2
   end
 end
 return res
@@ -448,9 +571,26 @@ return res
 // granted, and deletes the marker if the queue is left empty, as the
 // release script does for one entry.
 var removeScript = redis.NewScript(prelude + `
-local before = walk(false)
-for i = 3, #ARGV do unlist(ARGV[i]) end
-notify(before, walk(true))
-if redis.call('EXISTS', q) == 0 then redis.call('DEL', KEYS[2]) end
+local hb = head()
+-- Waits whose turn has come are transparent: removing only them grants
+-- nothing, and needs no walk.
+local grants = false
+for i = 3, #ARGV do
+  local m = ARGV[i]
+  if not isWait(m) then
+    grants = true
+  elseif hb then
+    local sc = redis.call('ZSCORE', wq, m)
+    if sc and tonumber(sc) > hb then grants = true end
+  end
+end
+if grants then
+  local before = walk(false)
+  for i = 3, #ARGV do unlist(ARGV[i]) end
+  notify(before, walk(true), hb)
+else
+  for i = 3, #ARGV do unlist(ARGV[i]) end
+end
+if redis.call('EXISTS', q) == 0 and redis.call('EXISTS', wq) == 0 then redis.call('DEL', KEYS[2]) end
 return 0
 `)

@@ -122,7 +122,15 @@ func (e *engine) renewOn(ctx context.Context, srv redis.Cmdable, js []*renewal) 
 			// key is dead, and it is not brought back.
 			r.Lapsed, r.Gone = true, j.members
 		default:
-			for _, m := range v[1:] {
+			// The Waits below the bound had their turn: their entries
+			// went with it (scripts.go), so they are ended before their
+			// absence could count as a loss.
+			if len(v) > 1 {
+				if b, _ := v[1].(int64); b > 0 {
+					e.k.GrantTurns(j.key, uint64(b), true)
+				}
+			}
+			for _, m := range v[min(2, len(v)):] {
 				if s, ok := m.(string); ok {
 					r.Gone = append(r.Gone, s)
 				}
@@ -164,8 +172,10 @@ func (e *engine) pipeRenew(ctx context.Context, srv redis.Cmdable, js []*renewal
 }
 
 // Check re-reads the queues of the waiting calls: it grants the entries
-// the check script finds holding the key (a notice may have been lost)
-// and loses a call whose entry is gone.
+// the check script finds holding the key and the Waits below its bound
+// (a notice may have been lost), and loses a call whose entry is gone
+// (but a Wait below the bound, whose turn came whatever became of its
+// entry).
 func (e *engine) Check(ctx context.Context, waiting []*backend.Call) {
 	type todo struct{ key, member string }
 	list := make([]todo, 0, len(waiting))
@@ -176,7 +186,7 @@ func (e *engine) Check(ctx context.Context, waiting []*backend.Call) {
 	}
 	mu.Unlock()
 	for _, td := range list {
-		present, _, holders, err := e.check(ctx, td.key, td.member)
+		present, _, bound, holders, err := e.check(ctx, td.key, td.member)
 		if err != nil {
 			if e.k.Background().Err() == nil {
 				e.k.Logger().Warn("redislock: reading a queue failed; retrying", "locker", e.k.Name(), "key", backend.LogKey(td.key), "error", err)
@@ -184,6 +194,9 @@ func (e *engine) Check(ctx context.Context, waiting []*backend.Call) {
 			continue
 		}
 		e.k.Granted(holders...)
+		if bound > 0 {
+			e.k.GrantTurns(td.key, bound, true)
+		}
 		if !present {
 			e.k.Lose(td.member)
 		}
