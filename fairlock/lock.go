@@ -138,12 +138,18 @@ func (t *table[K]) acquireSlow(ctx context.Context, op string, s *shard[K], key 
 			t.dbg.markLive(s.idx, true)
 		}
 		token, _ := e.admit(&r, &s.books, nil)
+		if s.follows != nil {
+			t.followed(s, e)
+		}
 		s.unlock()
 		return t.granted(s, key, token, 0, true), nil
 	case e.holds(r.owner, s.indexOwners(e)):
 		err = ErrReentrant
 	default:
 		if token, ok := e.admit(&r, &s.books, s.ownerCounts(e)); ok {
+			if s.follows != nil {
+				t.followed(s, e)
+			}
 			s.unlock()
 			return t.granted(s, key, token, 0, !r.turn), nil
 		}
@@ -373,7 +379,8 @@ type change struct {
 
 // settle books what a transition of e did, in the one place that does:
 // the shard's waiter and hand-off counts and owner index, the deadlock
-// detector (if it tracks the key), and, once e is vacant, its removal, with
+// detector (if it tracks the key), the Feeds of a followed key
+// (follow.go), and, once e is vacant, its removal, with
 // debug's live-shard bit and Close's count of shards to drain. It returns
 // c.decided, for the caller to signal once s.mu is released. s.mu is
 // held.
@@ -395,6 +402,9 @@ func (t *table[K]) settle(s *shard[K], e *entry[K], c change) *waiter {
 	if e.tracked {
 		e.tracked = e.waiters.Len() > 0
 		t.detector.settle(e.key, c.released, c.left, c.decided, e.tracked)
+	}
+	if s.follows != nil {
+		t.followed(s, e) // before remove, which resets e
 	}
 	if e.vacant() && s.remove(e) {
 		if t.dbg != nil {
