@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/ctxerr"
@@ -19,22 +18,19 @@ import (
 // and release of its keys then goes through the mutex, where the
 // transitions that can change a key's holders (an admit in acquireSlow,
 // and settle, which books every release, cancel and close) hand the key's
-// entry to followed. That check, one load of a nil map under a mutex the
+// entry to shard.followed (lock.go). That check, one load of a nil map under a mutex the
 // slow path already holds, is all a key nobody follows pays; the
 // lock-free fast path pays nothing. followed compares the holders' tokens
 // with those it last reported for the key and, only if they differ,
-// appends one KeyChange to each Feed's buffer, under the Feed's own
-// mutex (taken under the shard mutex, never the other way round). A
+// appends the holders, labels read there, to each Feed's buffer
+// (feedbuf.go), under the buffer's own mutex (taken under the shard
+// mutex, never the other way round). A
 // reader takes the changes from the buffer with Next, outside the shard
 // mutex; a buffer that fills (a reader that stopped reading) is dropped
 // whole, and its next Next reads the key afresh and says so (Gap). The
 // idea is etcd's watch with its compaction error, kept in one process:
 // every change in order while the history is kept, an explicit gap when
 // it is not.
-
-// feedBuffer is how many changes a Feed keeps for a reader that does not
-// take them; one more drops them all and marks a gap (Feed.Next).
-const feedBuffer = 4096
 
 // KeyChange is one change of a key's holders, as Feed.Next reports it.
 type KeyChange struct {
@@ -57,22 +53,9 @@ type KeyChange struct {
 // Semaphore.Follow). Its methods are safe for concurrent use, though a
 // Feed is meant for one reader: each change is returned once.
 type Feed[K comparable] struct {
-	t     *table[K]
-	key   K
-	ready chan struct{} // capacity 1: a change is buffered, or Stop was called
-
-	mu      sync.Mutex  // guards the fields below; taken under the shard mutex, never the reverse
-	pending []KeyChange // changes not yet returned, oldest first, from head
-	head    int         // index of the oldest change not yet returned
-	gap     bool        // the buffer overflowed: the next Next reads the key afresh
-	stopped bool        // Stop was called
-}
-
-// keyFollows is a shard's record of one followed key: its Feeds, and the
-// tokens of its holders at the last change reported to them.
-type keyFollows[K comparable] struct {
-	feeds  []*Feed[K]
-	tokens []uint64
+	t   *table[K]
+	key K
+	buf *feedBuf // what the key's transitions write to
 }
 
 // Follow returns a Feed of key's changes: the key's holders now first,
@@ -103,22 +86,22 @@ func (t *table[K]) follow(key K) (*Feed[K], error) {
 	if key != key {
 		return nil, &LockError{Op: "Follow", Key: key, Err: ErrInvalidKey, render: t.renderAny}
 	}
-	f := &Feed[K]{t: t, key: key, ready: make(chan struct{}, 1)}
+	f := &Feed[K]{t: t, key: key, buf: newFeedBuf()}
 	s, tag := t.shardOf(key)
 	s.lock() // inflates a fast grant of the key: it is among the holders below
 	e := s.find(key, tag)
 	if s.follows == nil {
-		s.follows = make(map[K]*keyFollows[K])
+		s.follows = make(map[K]*keyFollows)
 	}
 	kf := s.follows[key]
 	if kf == nil {
-		kf = &keyFollows[K]{tokens: holderTokens(e, nil)}
+		kf = &keyFollows{tokens: holderTokens(e, nil)}
 		s.follows[key] = kf
 	}
-	kf.feeds = append(kf.feeds, f)
-	f.pending = append(f.pending, KeyChange{Holders: t.holdersOf(e), At: time.Now()})
+	kf.bufs = append(kf.bufs, f.buf)
+	f.buf.pending = append(f.buf.pending, feedChange{holders: heldCalls(e), at: time.Now()})
 	s.unlock() // stays in slow mode: s.follows is not nil
-	f.ready <- struct{}{}
+	f.buf.wake()
 	return f, nil
 }
 
@@ -127,30 +110,31 @@ func (t *table[K]) follow(key K) (*Feed[K], error) {
 // called. It returns the context's error (context.Cause's where it has
 // one) if ctx ends first, and ErrClosed once Stop was called. A change
 // whose Gap is set follows a buffer overflow: Next read the key afresh,
-// taking its shard mutex once. It allocates nothing itself.
+// taking its shard mutex once. It allocates the change's Holders.
 func (f *Feed[K]) Next(ctx context.Context) (KeyChange, error) {
+	b := f.buf
 	for {
-		f.mu.Lock()
+		b.mu.Lock()
 		switch {
-		case f.stopped:
-			f.mu.Unlock()
+		case b.stopped:
+			b.mu.Unlock()
 			return KeyChange{}, ErrClosed
-		case f.gap:
-			f.mu.Unlock()
+		case b.gap:
+			b.mu.Unlock()
 			return f.resync(), nil
-		case f.head < len(f.pending):
-			c := f.pending[f.head]
-			f.pending[f.head] = KeyChange{}
-			f.head++
-			if f.head == len(f.pending) {
-				f.pending, f.head = f.pending[:0], 0
+		case b.head < len(b.pending):
+			c := b.pending[b.head]
+			b.pending[b.head] = feedChange{}
+			b.head++
+			if b.head == len(b.pending) {
+				b.pending, b.head = b.pending[:0], 0
 			}
-			f.mu.Unlock()
-			return c, nil
+			b.mu.Unlock()
+			return KeyChange{Holders: f.t.keyCalls(c.holders), At: c.at}, nil
 		}
-		f.mu.Unlock()
+		b.mu.Unlock()
 		select {
-		case <-f.ready:
+		case <-b.ready:
 		case <-ctx.Done():
 			return KeyChange{}, ctxerr.Of(ctx)
 		}
@@ -161,15 +145,15 @@ func (f *Feed[K]) Next(ctx context.Context) (KeyChange, error) {
 // clears the gap, under the shard mutex so that no change slips between
 // the read and the buffer's restart.
 func (f *Feed[K]) resync() KeyChange {
-	t := f.t
-	s, tag := t.shardOf(f.key)
+	s, tag := f.t.shardOf(f.key)
 	s.lock()
-	c := KeyChange{Holders: t.holdersOf(s.find(f.key, tag)), At: time.Now(), Gap: true}
-	f.mu.Lock()
-	f.gap, f.pending, f.head = false, nil, 0
-	f.mu.Unlock()
+	held, at := heldCalls(s.find(f.key, tag)), time.Now()
+	b := f.buf
+	b.mu.Lock()
+	b.gap, b.pending, b.head = false, nil, 0
+	b.mu.Unlock()
 	s.unlock()
-	return c
+	return KeyChange{Holders: f.t.keyCalls(held), At: at, Gap: true}
 }
 
 // Stop ends the Feed: a Next blocked on it returns ErrClosed, and the
@@ -177,22 +161,20 @@ func (f *Feed[K]) resync() KeyChange {
 // key of it is followed). It takes the shard mutex once; later calls do
 // nothing.
 func (f *Feed[K]) Stop() {
-	f.mu.Lock()
-	if f.stopped {
-		f.mu.Unlock()
+	b := f.buf
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
 		return
 	}
-	f.stopped, f.pending, f.head = true, nil, 0
-	f.mu.Unlock()
-	select {
-	case f.ready <- struct{}{}:
-	default:
-	}
+	b.stopped, b.pending, b.head = true, nil, 0
+	b.mu.Unlock()
+	b.wake()
 	s, _ := f.t.shardOf(f.key)
 	s.lock()
 	if kf := s.follows[f.key]; kf != nil {
-		kf.feeds = slices.DeleteFunc(kf.feeds, func(g *Feed[K]) bool { return g == f })
-		if len(kf.feeds) == 0 {
+		kf.bufs = slices.DeleteFunc(kf.bufs, func(x *feedBuf) bool { return x == b })
+		if len(kf.bufs) == 0 {
 			delete(s.follows, f.key)
 		}
 	}
@@ -202,90 +184,18 @@ func (f *Feed[K]) Stop() {
 	s.unlock()
 }
 
-// push buffers c, or marks a gap once the buffer is full. s.mu is held.
-func (f *Feed[K]) push(c KeyChange) {
-	f.mu.Lock()
-	switch {
-	case f.stopped, f.gap:
-	case len(f.pending)-f.head >= feedBuffer:
-		f.gap, f.pending, f.head = true, nil, 0
-	default:
-		f.pending = append(f.pending, c)
-	}
-	f.mu.Unlock()
-	select {
-	case f.ready <- struct{}{}:
-	default:
-	}
-}
-
-// followed reports e's holders to the Feeds of its key if they changed
-// since the last report. Called by the transitions that can change
-// holders, only while s.follows is not nil. s.mu is held.
-func (t *table[K]) followed(s *shard[K], e *entry[K]) {
-	kf := s.follows[e.key]
-	if kf == nil || sameHolders(e, kf.tokens) {
-		return
-	}
-	kf.tokens = holderTokens(e, kf.tokens[:0])
-	c := KeyChange{Holders: t.holdersOf(e), At: time.Now()}
-	for i, f := range kf.feeds {
-		if i > 0 {
-			c.Holders = slices.Clone(c.Holders) // each reader its own
-		}
-		f.push(c)
-	}
-}
-
-// sameHolders reports whether e's live holders have exactly tokens.
-func sameHolders[K comparable](e *entry[K], tokens []uint64) bool {
-	i := 0
-	for _, h := range e.holders {
-		if h.owner == 0 {
-			continue
-		}
-		if i == len(tokens) || tokens[i] != h.token {
-			return false
-		}
-		i++
-	}
-	return i == len(tokens)
-}
-
-// holderTokens appends the tokens of e's live holders to dst; e may be
-// nil (a key without calls).
-func holderTokens[K comparable](e *entry[K], dst []uint64) []uint64 {
-	if e == nil {
-		return dst
-	}
-	for _, h := range e.holders {
-		if h.owner != 0 {
-			dst = append(dst, h.token)
-		}
-	}
-	return dst
-}
-
-// holdersOf returns e's live holders as Calls reports them, labels
-// included (read now: the label behind an owner may go with its flow); e
-// may be nil. s.mu is held.
-func (t *table[K]) holdersOf(e *entry[K]) []KeyCall {
-	if e == nil || e.holding() == 0 {
+// keyCalls turns holders recorded by a change into KeyCalls, as Calls
+// reports holders.
+func (t *table[K]) keyCalls(held []heldCall) []KeyCall {
+	if len(held) == 0 {
 		return nil
 	}
-	out := make([]KeyCall, 0, e.holding())
-	for h := range (view[K]{e}).holders() {
-		c := KeyCall{Owner: h.owner, Mode: t.mode(h.units, false), Held: true, Token: h.token}
+	out := make([]KeyCall, len(held))
+	for i, h := range held {
+		out[i] = KeyCall{Owner: h.owner, Label: h.label, Mode: t.mode(h.units, false), Held: true, Token: h.token, Since: h.since}
 		if t.kind == semaphoreKind {
-			c.Units = h.units
+			out[i].Units = h.units
 		}
-		if h.info != nil {
-			c.Label, c.Since = h.info.label, h.info.since
-		}
-		if c.Label == "" {
-			c.Label = h.owner.Label()
-		}
-		out = append(out, c)
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,7 +140,7 @@ func (t *table[K]) acquireSlow(ctx context.Context, op string, s *shard[K], key 
 		}
 		token, _ := e.admit(&r, &s.books, nil)
 		if s.follows != nil {
-			t.followed(s, e)
+			s.followed(e)
 		}
 		s.unlock()
 		return t.granted(s, key, token, 0, true), nil
@@ -148,7 +149,7 @@ func (t *table[K]) acquireSlow(ctx context.Context, op string, s *shard[K], key 
 	default:
 		if token, ok := e.admit(&r, &s.books, s.ownerCounts(e)); ok {
 			if s.follows != nil {
-				t.followed(s, e)
+				s.followed(e)
 			}
 			s.unlock()
 			return t.granted(s, key, token, 0, !r.turn), nil
@@ -404,7 +405,7 @@ func (t *table[K]) settle(s *shard[K], e *entry[K], c change) *waiter {
 		t.detector.settle(e.key, c.released, c.left, c.decided, e.tracked)
 	}
 	if s.follows != nil {
-		t.followed(s, e) // before remove, which resets e
+		s.followed(e) // before remove, which resets e
 	}
 	if e.vacant() && s.remove(e) {
 		if t.dbg != nil {
@@ -415,6 +416,25 @@ func (t *table[K]) settle(s *shard[K], e *entry[K], c change) *waiter {
 		}
 	}
 	return c.decided
+}
+
+// followed reports e's holders to the Feeds of its key (follow.go) if
+// they changed since the last report: a grant or a release. The
+// transitions that can change holders call it only while s.follows is
+// not nil. s.mu is held.
+func (s *shard[K]) followed(e *entry[K]) {
+	kf := s.follows[e.key]
+	if kf == nil || sameHolders(e, kf.tokens) {
+		return
+	}
+	kf.tokens = holderTokens(e, kf.tokens[:0])
+	c := feedChange{holders: heldCalls(e), at: time.Now()}
+	for i, b := range kf.bufs {
+		if i > 0 {
+			c.holders = slices.Clone(c.holders) // each reader its own
+		}
+		b.push(c)
+	}
 }
 
 // waiterPool recycles waiters and their ready channels across all tables.

@@ -115,11 +115,11 @@ type shard[K comparable] struct {
 	// follows are the Feeds of the shard's followed keys (follow.go);
 	// nil while none is followed, which keeps the shard's hook on its
 	// transitions to one nil test.
-	follows map[K]*keyFollows[K] // guarded by mu
-	books   books                // guarded by mu: what the entries' transitions share (entry.go)
-	waiting int                  // guarded by mu: waiters over all entries
-	closed  bool                 // guarded by mu: Close has run over this shard
-	shrunk  bool                 // guarded by mu: overflow was made anew from a larger map
+	follows map[K]*keyFollows // guarded by mu
+	books   books             // guarded by mu: what the entries' transitions share (entry.go)
+	waiting int               // guarded by mu: waiters over all entries
+	closed  bool              // guarded by mu: Close has run over this shard
+	shrunk  bool              // guarded by mu: overflow was made anew from a larger map
 	// handOffs counts grant passes that decided a waiter, for the yield of
 	// the hand-off, and parks waiters queued, for refreshing procs. Both
 	// guarded by mu; only ever read modulo 64, so 8 bits wrap in step.
