@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
+	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
 	"github.com/fairlock/fairlock/owner"
