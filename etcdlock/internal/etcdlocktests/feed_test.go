@@ -89,7 +89,10 @@ func TestFollowResumesAfterBrokenWatch(t *testing.T) {
 		queued <- g
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(keysUnder(t, srv.Client(t), "/follow/k/")) != 2 && time.Now().Before(deadline) {
+	for len(keysUnder(t, srv.Client(t), "/follow/k/")) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second Lock did not queue within 10 s")
+		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	mustUnlock(t, ctx, g1)
