@@ -44,23 +44,30 @@
 //
 // Leader and Observe tell who leads, its value, its term's token and
 // since when, to any process, candidate or not. A plain keylock.Locker
-// cannot say who holds a key, so they read the key's calls through
+// cannot say who holds a key, so Leader reads the key's calls through
 // keylock.Lister, which every backend of fairlock implements (the
-// in-process views, etcdlock, redislock): the leader is the first call
-// that holds the key, its value the label its Campaign gave its flow, its
-// process the host, pid and Locker name the backend recorded. A Locker
-// that is no Lister can elect, but Leader and Observe fail with
-// ErrNoListing.
+// in-process views, etcdlock, redislock, pglock): the leader is the first
+// call that holds the key, its value the label its Campaign gave its
+// flow, its process the host, pid and Locker name the backend recorded.
+// A Locker that is no Lister can elect, but Leader fails with
+// ErrNoListing, and so does Observe unless the Locker can follow the key.
 //
-// Observe re-reads the listing every interval (WithInterval, 1 s by
+// Observe sends the current leader, then every change, in order: a new
+// term, and a vacancy (the zero Leader) when nobody leads. Over a Locker
+// that streams the changes of a key's holders (keylock.Follower: the
+// in-process views and etcdlock), it follows the grants as the backend
+// makes them and misses none, however short; where the backend's history
+// is gone (etcd compacted revisions the stream had not read), the next
+// Leader says so (Leader.Gap). Over one that can only list (redislock,
+// pglock), it re-reads the listing every interval (WithInterval, 1 s by
 // default) and at once when a candidate of the same Election begins or
-// ends a term, and sends each change it reads, in order: a new term, and
-// a vacancy (the zero Leader) when nobody leads. A change made in another
-// process is seen within the interval plus one listing's round trip. A
-// term that begins and ends between two reads is not seen (the etcd
-// client's Election.Observe says the same of its own: it "will not
-// necessarily fetch all historical leader updates"); tokens grow from one
-// term to the next, so what is seen is in order.
+// ends a term: a change made in another process is seen within the
+// interval plus one listing's round trip, and a term that begins and ends
+// between two reads is not seen (the etcd client's Election.Observe says
+// the same of its own: it "will not necessarily fetch all historical
+// leader updates"), so every Leader after the first has Gap set. Tokens
+// grow from one term to the next, so what is seen is in order either
+// way.
 //
 // # Against other elections
 //
@@ -86,9 +93,11 @@ import (
 )
 
 var (
-	// ErrNoListing is what Leader and Observe return for an Election
-	// over a Locker that cannot list a key's calls (not a
-	// keylock.Lister): nobody but the candidates then knows who leads.
+	// ErrNoListing is what Leader returns for an Election over a Locker
+	// that cannot list a key's calls (not a keylock.Lister), and Observe
+	// over one that can neither list nor follow them (not a
+	// keylock.Follower either): nobody but the candidates then knows who
+	// leads.
 	ErrNoListing = errors.New("elect: the Locker cannot list a key's calls (it is no keylock.Lister)")
 	// ErrResigned is the cause (context.Cause) of a term's context that
 	// Resign ended.
@@ -107,10 +116,12 @@ const resignTimeout = 5 * time.Second
 // Option configures an Election.
 type Option func(*Election)
 
-// WithInterval sets how often Observe re-reads the key's calls when
-// nothing in this process told it of a change (default 1 s; d <= 0 keeps
-// the default): each read is one listing (keylock.Lister.Calls), a range
-// read on etcd, one script on Redis.
+// WithInterval sets how often a polling Observe (over a Locker that is
+// no keylock.Follower) re-reads the key's calls when nothing in this
+// process told it of a change (default 1 s; d <= 0 keeps the default):
+// each read is one listing (keylock.Lister.Calls), one script on Redis,
+// one query on PostgreSQL. An Observe that follows the key reads no
+// listing and ignores it.
 func WithInterval(d time.Duration) Option {
 	return func(e *Election) {
 		if d > 0 {

@@ -206,12 +206,12 @@ func TestObserveEveryChange(t *testing.T) {
 	c.Resign(context.Background())
 }
 
-// TestObserveWakesOnLocalTerms: an Observe stream of the Election its
-// candidates campaign through sees their terms at once, without waiting
-// for the interval.
+// TestObserveWakesOnLocalTerms: a polling Observe stream (a Locker that
+// lists but does not follow) of the Election its candidates campaign
+// through sees their terms at once, without waiting for the interval.
 func TestObserveWakesOnLocalTerms(t *testing.T) {
 	_, l := newLocker(t, "wake")
-	e := elect.New(l, "leader", elect.WithInterval(time.Hour))
+	e := elect.New(listerOnly{l, l.(keylock.Lister)}, "leader", elect.WithInterval(time.Hour))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stream, err := e.Observe(ctx)

@@ -18,15 +18,26 @@ type Leader struct {
 	Value string
 	// Token is the term's fencing token (Term.Token); 0 for a vacancy.
 	Token uint64
-	// Since is when the term began, as well as this process can tell:
-	// for a term of this Election, when its Campaign saw the grant; in
-	// an Observe stream, for a term that a read found after an earlier
-	// read had found another state, the instant of that read (late by
-	// up to the interval); otherwise when the leader's call joined the
-	// key's queue, by its listing's age (in process: when it was
-	// granted), which is earlier than the grant by however long it
-	// waited; the instant of the read where the listing has no age.
+	// Since is when the term began, as well as this process can tell.
+	// Leader reads it as: for a term of this Election, when its Campaign
+	// saw the grant; otherwise when the leader's call joined the key's
+	// queue, by its listing's age (in process: when it was granted),
+	// which is earlier than the grant by however long it waited; the
+	// instant of the read where the listing has no age. In an Observe
+	// stream over a keylock.Follower, a term that began after the stream
+	// did has its change's instant (keylock.Change.At: in process the
+	// grant itself, on etcd when this process heard of it), whichever
+	// Election campaigned for it; over a polling stream, the instant of
+	// the read that found it (late by up to the interval), or its
+	// Campaign's for a term of this Election.
 	Since time.Time
+	// Gap says that terms or vacancies between the previous Leader of
+	// an Observe stream and this one may have gone unseen: always on a
+	// polling stream (a Locker that is no keylock.Follower), after the
+	// first; over a Follower, only where the backend's history was gone
+	// (keylock.Change.Gap) and the leader changed across it. False in
+	// the first Leader of a stream and in Election.Leader's.
+	Gap bool
 	// Process is where the leader runs: its host, process id and
 	// Locker's name.
 	Process keylock.Process
@@ -53,42 +64,113 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 }
 
 // leaderOf returns the leader in calls, a listing read at read: the first
-// call that holds the key exclusively (a Campaign's Lock).
+// call that holds the key exclusively (a Campaign's Lock), its Since its
+// Campaign's if it is a term of this Election.
 func (e *Election) leaderOf(calls []keylock.CallInfo, read time.Time) Leader {
+	l := leaderIn(calls, read)
+	if t := e.local(l.Token); !l.Vacant() && t != nil {
+		l.Since = t.since
+	}
+	return l
+}
+
+// leaderIn returns the leader in calls, read at read: the first call that
+// holds the key exclusively, since its age before read; the zero Leader
+// if none does.
+func leaderIn(calls []keylock.CallInfo, read time.Time) Leader {
 	for _, c := range calls {
-		if !c.Held || c.Mode != keylock.ModeExclusive {
-			continue
+		if c.Held && c.Mode == keylock.ModeExclusive {
+			return Leader{Value: c.Label, Token: c.Token, Since: read.Add(-c.Age), Process: c.Process}
 		}
-		l := Leader{Value: c.Label, Token: c.Token, Since: read.Add(-c.Age), Process: c.Process}
-		if t := e.local(c.Token); t != nil {
-			l.Since = t.since
-		}
-		return l
 	}
 	return Leader{}
 }
 
 // Observe returns a stream of who leads: the current Leader first, then
-// every change a read finds, in order: a new term, or a vacancy (the zero
-// Leader) when nobody leads. It reads the key's calls (keylock.Lister)
-// every interval (WithInterval), and at once when a candidate of this
-// Election begins or ends a term; a change made in another process shows
-// within the interval plus one read's round trip, and a term that begins
-// and ends between two reads is not seen. A read that fails is tried
-// again at the next interval, and the stream says nothing until one
-// succeeds.
+// every change, in order: a new term, or a vacancy (the zero Leader, but
+// for Gap) when nobody leads. A hand-over from one candidate straight to
+// the next, queued behind it, is one change: no vacancy comes between.
 //
-// Observe returns ErrNoListing at once if the Locker cannot list. Its
-// goroutine sends each Leader and waits for it to be received before it
-// reads again (a slow reader delays the reads, never reorders them), and
-// closes the channel when ctx ends.
+// Over a Locker that is a keylock.Follower (the in-process views,
+// etcdlock), the stream is lossless: it follows the key's grants as the
+// backend makes them (keylock.Follower.Follow), so every term and every
+// vacancy is sent, however short, in the order they happened, with Gap
+// set only where the backend's history was gone (an etcd compaction of
+// revisions the stream had not read; an in-process reader thousands of
+// changes behind) and the leader changed across it. A change reaches the
+// stream as soon as the backend delivers it (on etcd, one watch event).
+//
+// Over any other Locker that can list (keylock.Lister: redislock,
+// pglock), it polls: it reads the key's calls every interval
+// (WithInterval), and at once when a candidate of this Election begins or
+// ends a term; a change made in another process shows within the
+// interval plus one read's round trip, a term that begins and ends
+// between two reads is not seen (the etcd client's Election.Observe says
+// the same of its own: it "will not necessarily fetch all historical
+// leader updates"), and every Leader after the first has Gap set. A read
+// that fails is tried again at the next interval, and the stream says
+// nothing until one succeeds. Tokens grow from one term to the next, so
+// what is seen is in order either way.
+//
+// Observe returns ErrNoListing at once if the Locker can neither follow
+// nor list, and Follow's error if following the key fails (a
+// *fairlock.LockError: the context's error, fairlock.ErrClosed, the
+// backend's). Its goroutine sends each Leader and waits for it to be
+// received (a slow reader delays the stream, never reorders it; a
+// Follower buffers the changes meanwhile, see keylock.Follower for how
+// many), and closes the channel when ctx ends, or when a Follower's
+// stream ends (the Locker was closed).
 func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 	if ctx == nil {
 		panic("elect: Observe with a nil context")
 	}
+	if f, ok := e.l.(keylock.Follower); ok {
+		changes, err := f.Follow(ctx, e.key)
+		if err != nil {
+			return nil, err
+		}
+		ch := make(chan Leader)
+		go e.relay(ctx, changes, ch)
+		return ch, nil
+	}
 	if e.ls == nil {
 		return nil, ErrNoListing
 	}
+	return e.poll(ctx), nil
+}
+
+// relay sends on ch the Leader after each change of changes that changes
+// who leads, until changes closes or ctx ends, then closes ch.
+func (e *Election) relay(ctx context.Context, changes <-chan keylock.Change, ch chan<- Leader) {
+	defer close(ch)
+	var last Leader
+	sent := false
+	for c := range changes {
+		cur := leaderIn(c.Holders, c.At)
+		if sent && cur.Token == last.Token {
+			continue
+		}
+		if sent && !cur.Vacant() {
+			cur.Since = c.At // it began with this change
+		}
+		if !sent && !cur.Vacant() {
+			if t := e.local(cur.Token); t != nil {
+				cur.Since = t.since
+			}
+		}
+		cur.Gap = sent && c.Gap
+		select {
+		case ch <- cur:
+		case <-ctx.Done():
+			return // Follow's goroutine ends with ctx too
+		}
+		last, sent = cur, true
+	}
+}
+
+// poll is Observe over a Lister: a read every interval, and at once when
+// a term of this Election begins or ends.
+func (e *Election) poll(ctx context.Context) <-chan Leader {
 	wake := make(chan struct{}, 1)
 	e.mu.Lock()
 	e.watches[wake]++
@@ -114,6 +196,7 @@ func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 					if sent && !cur.Vacant() && e.local(cur.Token) == nil {
 						cur.Since = read // it began after the last read
 					}
+					cur.Gap = sent
 					select {
 					case ch <- cur:
 					case <-ctx.Done():
@@ -130,5 +213,5 @@ func (e *Election) Observe(ctx context.Context) (<-chan Leader, error) {
 			}
 		}
 	}()
-	return ch, nil
+	return ch
 }

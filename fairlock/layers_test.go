@@ -22,6 +22,7 @@ var layers = []string{
 	"keytext.go",
 	"errors.go",
 	"entry.go",
+	"feedbuf.go",
 	"deadlock.go",
 	"debugstate.go",
 	"table.go",
@@ -34,6 +35,7 @@ var layers = []string{
 	"locker.go",
 	"semaphore.go",
 	"lockmany.go",
+	"follow.go",
 }
 
 // TestLayers type-checks the package's own files and fails on every use

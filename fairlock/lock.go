@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,12 +139,18 @@ func (t *table[K]) acquireSlow(ctx context.Context, op string, s *shard[K], key 
 			t.dbg.markLive(s.idx, true)
 		}
 		token, _ := e.admit(&r, &s.books, nil)
+		if s.follows != nil {
+			s.followed(e)
+		}
 		s.unlock()
 		return t.granted(s, key, token, 0, true), nil
 	case e.holds(r.owner, s.indexOwners(e)):
 		err = ErrReentrant
 	default:
 		if token, ok := e.admit(&r, &s.books, s.ownerCounts(e)); ok {
+			if s.follows != nil {
+				s.followed(e)
+			}
 			s.unlock()
 			return t.granted(s, key, token, 0, !r.turn), nil
 		}
@@ -373,7 +380,8 @@ type change struct {
 
 // settle books what a transition of e did, in the one place that does:
 // the shard's waiter and hand-off counts and owner index, the deadlock
-// detector (if it tracks the key), and, once e is vacant, its removal, with
+// detector (if it tracks the key), the Feeds of a followed key
+// (follow.go), and, once e is vacant, its removal, with
 // debug's live-shard bit and Close's count of shards to drain. It returns
 // c.decided, for the caller to signal once s.mu is released. s.mu is
 // held.
@@ -396,6 +404,9 @@ func (t *table[K]) settle(s *shard[K], e *entry[K], c change) *waiter {
 		e.tracked = e.waiters.Len() > 0
 		t.detector.settle(e.key, c.released, c.left, c.decided, e.tracked)
 	}
+	if s.follows != nil {
+		s.followed(e) // before remove, which resets e
+	}
 	if e.vacant() && s.remove(e) {
 		if t.dbg != nil {
 			t.dbg.markLive(s.idx, false)
@@ -405,6 +416,25 @@ func (t *table[K]) settle(s *shard[K], e *entry[K], c change) *waiter {
 		}
 	}
 	return c.decided
+}
+
+// followed reports e's holders to the Feeds of its key (follow.go) if
+// they changed since the last report: a grant or a release. The
+// transitions that can change holders call it only while s.follows is
+// not nil. s.mu is held.
+func (s *shard[K]) followed(e *entry[K]) {
+	kf := s.follows[e.key]
+	if kf == nil || sameHolders(e, kf.tokens) {
+		return
+	}
+	kf.tokens = holderTokens(e, kf.tokens[:0])
+	c := feedChange{holders: heldCalls(e), at: time.Now()}
+	for i, b := range kf.bufs {
+		if i > 0 {
+			c.holders = slices.Clone(c.holders) // each reader its own
+		}
+		b.push(c)
+	}
 }
 
 // waiterPool recycles waiters and their ready channels across all tables.

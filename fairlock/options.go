@@ -57,7 +57,7 @@ func WithName(name string) Option { return func(c *config) { c.name = name } }
 // WithShards sets the number of shards a Locker spreads its keys over. n
 // is rounded up to a power of two, and capped at 65536; n < 1 means the
 // default, eight shards per GOMAXPROCS and at least 64. New allocates the
-// shards at once (368 bytes each for string keys on 64-bit platforms), and
+// shards at once (376 bytes each for string keys on 64-bit platforms), and
 // each keeps up to 16 recycled key entries (80 bytes each for string keys)
 // once keys have been locked there. More shards make Len, Snapshot and
 // Close walk more; fewer make goroutines on unrelated keys contend on the

@@ -157,9 +157,10 @@ func (s *shard[K]) inflate() bool {
 }
 
 // unlock returns s to fast mode if it has no live key (and its table is
-// neither timed nor closed: see the fast path), then releases s.mu.
+// neither timed nor closed, and no key of s is followed: see the fast
+// path), then releases s.mu.
 func (s *shard[K]) unlock() {
-	if s.live == 0 && !s.books.timed() && !s.closed {
+	if s.live == 0 && !s.books.timed() && !s.closed && s.follows == nil {
 		s.state.Store(s.books.token << tokenShift) // idle
 	}
 	s.mu.Unlock()

@@ -111,11 +111,15 @@ type shard[K comparable] struct {
 	free     []*entry[K]            // guarded by mu: recycled entries, at most maxFree
 	// owners indexes the holders of entries with many (indexed set), so
 	// that the reentrancy check of one more reader does not scan them all.
-	owners  map[*entry[K]]*ownerIndex // guarded by mu
-	books   books                     // guarded by mu: what the entries' transitions share (entry.go)
-	waiting int                       // guarded by mu: waiters over all entries
-	closed  bool                      // guarded by mu: Close has run over this shard
-	shrunk  bool                      // guarded by mu: overflow was made anew from a larger map
+	owners map[*entry[K]]*ownerIndex // guarded by mu
+	// follows are the Feeds of the shard's followed keys (follow.go);
+	// nil while none is followed, which keeps the shard's hook on its
+	// transitions to one nil test.
+	follows map[K]*keyFollows // guarded by mu
+	books   books             // guarded by mu: what the entries' transitions share (entry.go)
+	waiting int               // guarded by mu: waiters over all entries
+	closed  bool              // guarded by mu: Close has run over this shard
+	shrunk  bool              // guarded by mu: overflow was made anew from a larger map
 	// handOffs counts grant passes that decided a waiter, for the yield of
 	// the hand-off, and parks waiters queued, for refreshing procs. Both
 	// guarded by mu; only ever read modulo 64, so 8 bits wrap in step.

@@ -31,7 +31,9 @@
 // debug views across processes (HoldersAcrossProcesses, ListedModes,
 // DebugNamesHolderInOtherProcess), and elections of package elect among
 // worker processes (ElectPausedLeader, ElectKilledLeader,
-// ElectResignAndObserve).
+// ElectResignAndObserve), and Observe's every term and vacancy over a
+// backend that follows a key (ElectObserveEveryTerm, for a
+// keylock.Follower).
 //
 // A worker reports on its standard output, one line per event, and the
 // test reads the lines (Proc.Line, Proc.Wait); every check orders events
