@@ -28,8 +28,13 @@ import (
 // moves them little: ms/release (n Waits), ms/release-of-1,
 // ms/round-trip, and the median of the ratios, per iteration, of the
 // release of n to the release of one (x-release-of-1) and to the round
-// trip (round-trips/release). Run it with a count of iterations
-// (-benchtime 20x): each queues n Waits.
+// trip (round-trips/release). With roundTrip (a backend across
+// processes), each iteration also releases n Waits on one fairlock.Locker
+// in this process, the cost of waking n goroutines that the backend pays
+// too, and it reports that release's median (ms/in-process) and the
+// median, per iteration, of what the backend's release takes beyond it,
+// in round trips (round-trips-beyond-in-process). Run it with a count of
+// iterations (-benchtime 20x): each queues n Waits.
 //
 // keylock's promise (adjacent Waits return together) is that the release
 // of n costs about what the release of one does, a few round trips,
@@ -41,7 +46,17 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 	if len(lockers) > 1 {
 		waiters = lockers[1:]
 	}
-	var many, one, rtts, ofOne, ofRTT []float64
+	var many, one, rtts, ofOne, ofRTT, local, beyond []float64
+	var inProcess func(i int) time.Duration
+	if roundTrip != nil {
+		l := fairlock.New[string]()
+		defer l.Close(context.Background())
+		lc := func(key string) int { return inProcessCalls(l, key) }
+		ls := []keylock.Locker{keylock.InProcess(l)}
+		inProcess = func(i int) time.Duration {
+			return release(b, ctx, ls[0], ls, lc, "waits-released/in-process/"+strconv.Itoa(i), n, false)
+		}
+	}
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -60,6 +75,9 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 		if roundTrip != nil {
 			rtts = append(rtts, ms(rtt))
 			ofRTT = append(ofRTT, float64(dn)/float64(rtt))
+			din := inProcess(i)
+			local = append(local, ms(din))
+			beyond = append(beyond, float64(dn-din)/float64(rtt))
 		}
 	}
 	b.ReportMetric(median(many), "ms/release")
@@ -68,6 +86,8 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 	if roundTrip != nil {
 		b.ReportMetric(median(rtts), "ms/round-trip")
 		b.ReportMetric(median(ofRTT), "round-trips/release")
+		b.ReportMetric(median(local), "ms/in-process")
+		b.ReportMetric(median(beyond), "round-trips-beyond-in-process")
 	}
 }
 
@@ -145,11 +165,14 @@ func median(xs []float64) float64 {
 func WaitsReleasedInProcess(b *testing.B, n int) {
 	l := fairlock.New[string]()
 	defer l.Close(context.Background())
-	calls := func(key string) int {
-		if l.Locked(key) {
-			return l.Waiters(key) + 1
-		}
-		return l.Waiters(key)
-	}
+	calls := func(key string) int { return inProcessCalls(l, key) }
 	WaitsReleased(b, n, []keylock.Locker{keylock.InProcess(l)}, calls, nil)
+}
+
+// inProcessCalls counts the calls holding or queued on key in l.
+func inProcessCalls(l *fairlock.Locker[string], key string) int {
+	if l.Locked(key) {
+		return l.Waiters(key) + 1
+	}
+	return l.Waiters(key)
 }
