@@ -96,9 +96,10 @@ func (l *Locker) TryRLock(ctx context.Context, key string) (keylock.Lease, error
 // counting: every process judges the calls behind it as if it were gone,
 // so one release frees every Wait queued directly behind it, and the call
 // behind them, at once; its entry is removed in the background after it
-// returns. A key that is free returns at once, with one round trip and
-// nothing written. It fails like Lock. Wait is not reported to the
-// Observer: it acquires nothing.
+// returns (or, where the engine announces Waits by a bound, by the
+// release that frees it: redislock). A key that is free returns at once,
+// with one round trip and nothing written. It fails like Lock. Wait is
+// not reported to the Observer: it acquires nothing.
 func (l *Locker) Wait(ctx context.Context, key string) error {
 	_, err := l.check("Wait").Acquire(ctx, "Wait", key, Turn, 1, false)
 	return err
