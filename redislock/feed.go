@@ -36,8 +36,9 @@ import (
 // the server's clock: the holders when Follow was called, and where to
 // read on from. A goroutine then reads the log from there with XREAD
 // BLOCK, on a connection of its own (an XREAD BLOCK holds its
-// connection), and sends one Change per entry whose tokens differ from
-// those it sent last. It refreshes the log's expiry every third of the
+// connection, and go-redis does not end a read when its context ends:
+// the feed's end sends CLIENT UNBLOCK for it), and sends one Change per
+// entry whose tokens differ from those it sent last. It refreshes the log's expiry every third of the
 // TTL (keepScript: PEXPIRE, to twice the TTL, never shortening another
 // follower's), so that a log nobody follows any more expires and the
 // scripts stop writing it.
@@ -76,11 +77,15 @@ import (
 // error if the first script fails. It starts one goroutine, which Close
 // waits for, and takes one connection from the client's pool (from the
 // pool of the master that holds the key's slot, on a Cluster) for as long
-// as the channel is open: a blocking read holds its connection. While
-// the server cannot be reached the stream is silent, and it goes on from
-// where it was once it can, or with a gap. While a key is followed,
-// every script that changes its holders also appends them to the log: a
-// few more commands, in the same round trip.
+// as the channel is open: a blocking read holds its connection. (A
+// client that is neither a *redis.Client nor a *redis.ClusterClient, or
+// a server whose ACL refuses the CLIENT command, gets reads of a second
+// at most on the client's pool instead, and a channel that closes within
+// one of them.) While the server cannot be reached the stream is
+// silent, and it goes on from where it was once it can, or with a gap.
+// While a key is followed, every script that can change its holders also
+// compares them with the log's last entry and appends them if they
+// changed: a few more commands, in the same round trip.
 func (l *Locker) Follow(ctx context.Context, key string) (<-chan keylock.Change, error) {
 	return l.e.follow(ctx, key)
 }
