@@ -55,13 +55,13 @@
 // Observe sends the current leader, then every change, in order: a new
 // term, and a vacancy (the zero Leader) when nobody leads. Over a Locker
 // that streams the changes of a key's holders (keylock.Follower: the
-// in-process views and etcdlock), it follows the grants as the backend
-// makes them and misses none, however short; where the backend's history
-// is gone (etcd compacted revisions the stream had not read), the next
-// Leader says so (Leader.Gap). Over one that can only list (redislock,
-// pglock), it re-reads the listing every interval (WithInterval, 1 s by
-// default) and at once when a candidate of the same Election begins or
-// ends a term: a change made in another process is seen within the
+// in-process views, etcdlock and redislock), it follows the grants as the
+// backend makes them and misses none, however short; where the backend's
+// history is gone (etcd compacted revisions the stream had not read;
+// Redis's change log of the key lost entries it had not read), the next
+// Leader says so (Leader.Gap). Over one that can only list (pglock), it
+// re-reads the listing every interval (WithInterval, 1 s by default) and
+// at once when a candidate of the same Election begins or ends a term: a change made in another process is seen within the
 // interval plus one listing's round trip, and a term that begins and ends
 // between two reads is not seen (the etcd client's Election.Observe says
 // the same of its own: it "will not necessarily fetch all historical
@@ -119,9 +119,9 @@ type Option func(*Election)
 // WithInterval sets how often a polling Observe (over a Locker that is
 // no keylock.Follower) re-reads the key's calls when nothing in this
 // process told it of a change (default 1 s; d <= 0 keeps the default):
-// each read is one listing (keylock.Lister.Calls), one script on Redis,
-// one query on PostgreSQL. An Observe that follows the key reads no
-// listing and ignores it.
+// each read is one listing (keylock.Lister.Calls), one query on
+// PostgreSQL. An Observe that follows the key reads no listing and
+// ignores it.
 func WithInterval(d time.Duration) Option {
 	return func(e *Election) {
 		if d > 0 {

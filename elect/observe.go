@@ -26,10 +26,10 @@ type Leader struct {
 	// instant of the read where the listing has no age. In an Observe
 	// stream over a keylock.Follower, a term that began after the stream
 	// did has its change's instant (keylock.Change.At: in process the
-	// grant itself, on etcd when this process heard of it), whichever
-	// Election campaigned for it; over a polling stream, the instant of
-	// the read that found it (late by up to the interval), or its
-	// Campaign's for a term of this Election.
+	// grant itself, on etcd and Redis when this process heard of it),
+	// whichever Election campaigned for it; over a polling stream, the
+	// instant of the read that found it (late by up to the interval), or
+	// its Campaign's for a term of this Election.
 	Since time.Time
 	// Gap says that terms or vacancies between the previous Leader of
 	// an Observe stream and this one may have gone unseen: always on a
@@ -92,18 +92,19 @@ func leaderIn(calls []keylock.CallInfo, read time.Time) Leader {
 // the next, queued behind it, is one change: no vacancy comes between.
 //
 // Over a Locker that is a keylock.Follower (the in-process views,
-// etcdlock), the stream is lossless: it follows the key's grants as the
-// backend makes them (keylock.Follower.Follow), so every term and every
-// vacancy is sent, however short, in the order they happened, with Gap
-// set only where the backend's history was gone (an etcd compaction of
-// revisions the stream had not read; an in-process reader thousands of
-// changes behind) and the leader changed across it. A change reaches the
-// stream as soon as the backend delivers it (on etcd, one watch event).
+// etcdlock, redislock), the stream is lossless: it follows the key's
+// grants as the backend makes them (keylock.Follower.Follow), so every
+// term and every vacancy is sent, however short, in the order they
+// happened, with Gap set only where the backend's history was gone (an
+// etcd compaction of revisions the stream had not read; entries of
+// Redis's change log of the key lost before the stream read them; an
+// in-process reader thousands of changes behind) and the leader changed
+// across it. A change reaches the stream as soon as the backend delivers
+// it (on etcd, one watch event; on Redis, one XREAD reply).
 //
-// Over any other Locker that can list (keylock.Lister: redislock,
-// pglock), it polls: it reads the key's calls every interval
-// (WithInterval), and at once when a candidate of this Election begins or
-// ends a term; a change made in another process shows within the
+// Over any other Locker that can list (keylock.Lister: pglock), it
+// polls: it reads the key's calls every interval (WithInterval), and at
+// once when a candidate of this Election begins or ends a term; a change made in another process shows within the
 // interval plus one read's round trip, a term that begins and ends
 // between two reads is not seen (the etcd client's Election.Observe says
 // the same of its own: it "will not necessarily fetch all historical

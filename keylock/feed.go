@@ -14,8 +14,9 @@ import (
 // them, so that a reader sees a grant that began and ended between two
 // listings (Lister), which a reader that polls does not. Where the
 // backend's history of a key is gone (etcd compacted the revisions the
-// stream had not read yet; the in-process buffer of a reader that stopped
-// reading overflowed), the stream says so with a Change whose Gap is set,
+// stream had not read yet; Redis's change log of the key lost entries
+// not yet read; the in-process buffer of a reader that stopped reading
+// overflowed), the stream says so with a Change whose Gap is set,
 // carrying the key's holders read afresh, rather than go on as if nothing
 // had been missed. The model is etcd's watch (every revision in order,
 // ErrCompacted when the history is gone), as etcd's
@@ -44,7 +45,7 @@ type Change struct {
 
 // Follower is implemented by the Lockers and Semaphores that can stream
 // the changes of a key's holders: the in-process views (InProcess,
-// InProcessSemaphore) and etcdlock's. A caller asserts it on its Locker,
+// InProcessSemaphore), etcdlock's and redislock's. A caller asserts it on its Locker,
 // as it does Lister, and falls back to listing (Lister) where it fails:
 //
 //	if f, ok := l.(keylock.Follower); ok { changes, err := f.Follow(ctx, key) }
@@ -62,9 +63,17 @@ type Change struct {
 //     holders. A watch that breaks resumes from the last revision read,
 //     losing nothing; a Gap only where etcd compacted the revisions not
 //     yet read.
+//   - Redis: a change log of the key (a stream) that every script which
+//     changes the key's holders appends them to, in the same script,
+//     while a follower keeps the log alive; the follower reads it with
+//     XREAD BLOCK. Each entry names the one before it, so a Gap is
+//     reported wherever entries not yet read were lost (trimmed behind a
+//     reader about a thousand changes late, deleted, lost with a restart
+//     or a failover). A key nobody follows has no log, and its scripts
+//     pay one EXISTS for it.
 //
-// Redis and PostgreSQL do not implement it yet; package elect polls a
-// listing there.
+// PostgreSQL does not implement it yet; package elect polls a listing
+// there.
 type Follower interface {
 	// Follow returns a channel of key's changes: first the key's
 	// holders when Follow was called (one read of the backend, made

@@ -9,7 +9,7 @@ import (
 )
 
 // The key layout. A Locker (or Semaphore) with prefix P keeps, for a lock
-// key k, five kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
+// key k, six kinds of Redis keys, all with the hash tag {E(P)/E(k)} so
 // that they share one hash slot (one script may touch them all, on a
 // Redis Cluster too) while different lock keys spread over the slots:
 //
@@ -18,6 +18,7 @@ import (
 //	{E(P)/E(k)}n       the fencing counter: the last token handed out for k
 //	{E(P)/E(k)}s:<sid> the marker of session sid on k, with the TTL; its value is the Locker's process
 //	{E(P)/E(k)}l       the labels: a hash, entry → its call's label, for labelled calls only
+//	{E(P)/E(k)}f       the change log: a stream of the holders after each change, while k is followed (feed.go)
 //
 // E percent-encodes '%', '/', '{' and '}' and nothing else, so the tag is
 // the whole {…} (Redis hashes what lies between the first '{' and the
@@ -45,7 +46,10 @@ import (
 // server's clock (the new primary's, after a failover) reads later than
 // it did when those were handed out: a clock that steps back by less
 // than the time since is harmless, and an expired counter's key has been
-// idle for ten TTLs at least.
+// idle for ten TTLs at least. The change log exists only while someone
+// follows the key: a Follow creates it and renews its expiry (twice the
+// follower's TTL) every third of the TTL, so it expires once nobody has
+// followed the key for that long.
 
 // escape percent-encodes '%', '/', '{' and '}'.
 func escape(s string) string { return backend.Escape(s, "/{}") }

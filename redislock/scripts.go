@@ -60,6 +60,29 @@ import (
 // entries it newly granted on the Locker prefix's channel, and, when the
 // queue's head moved past Waits, the bound below which every Wait's turn
 // has come; the waiters' Lockers dispatch them to their calls (hub.go).
+//
+// Every script that can change which entries hold the key also writes the
+// holders after it to the key's change log, a stream beside the queue,
+// if the log exists: a Follow (feed.go) creates it and keeps it alive,
+// so a key nobody follows pays one EXISTS per script that can change its
+// holders, and nothing more. An entry of the log is three fields: p, the
+// ID of the entry before it ("0-0" for none), so that a reader who finds
+// an entry whose p is not the last it read knows it missed some; t, the
+// holders' tokens, space-separated, in grant order ("" for a vacancy);
+// and h, each holder's entry, process (its marker's value) and label, as
+// netstrings ("5:hello"), in the same order. Scripts that walk the queue
+// log through record, which compares the tokens with the last entry's
+// and appends only if they differ, so that the log follows the holders
+// however they changed (a purge included, and a set of Waits that
+// expired while no script ran); the two fast paths, which grant a free
+// key and release its only entry, append their one change directly. The
+// log is trimmed to about logLen entries (XADD MAXLEN ~).
+
+// logLen is about how many entries a key's change log keeps (XADD's
+// MAXLEN ~, which trims whole nodes of the stream, so a few more may
+// stay): a Follow that falls further behind finds the oldest it had not
+// read gone, and reports a gap (feed.go).
+const logLen = "1000"
 
 // prelude is shared by the scripts that walk a queue. KEYS[1] is the
 // queue; ARGV[1] the prefix of the key's session markers, ARGV[2] the
@@ -199,6 +222,34 @@ local function notify(before, after, hb)
   end
   return news, nil
 end
+-- The key's change log (feed.go): ns is a netstring of s; record appends
+-- the holders after (walk's granted entries) to the log if it exists
+-- (or, with create, in any case) and its last entry lists other tokens.
+local flog = tag .. 'f'
+local function ns(s) return #s .. ':' .. s end
+local function record(after, create)
+  if not create and redis.call('EXISTS', flog) == 0 then return end
+  local toks = {}
+  for i, m in ipairs(after) do toks[i] = fmt(tonumber(redis.call('ZSCORE', q, m))) end
+  local t = table.concat(toks, ' ')
+  local p = '0-0'
+  local last = redis.call('XREVRANGE', flog, '+', '-', 'COUNT', 1)[1]
+  if last then
+    p = last[1]
+    local fs = last[2]
+    for i = 1, #fs, 2 do
+      if fs[i] == 't' then
+        if fs[i + 1] == t then return end
+        break
+      end
+    end
+  end
+  local h = {}
+  for _, m in ipairs(after) do
+    h[#h + 1] = ns(m) .. ns(redis.call('GET', mpre .. parse(m)) or '') .. ns(redis.call('HGET', lkey, m) or '')
+  end
+  redis.call('XADD', flog, 'MAXLEN', '~', ` + logLen + `, '*', 'p', p, 't', t, 'h', table.concat(h))
+end
 `
 
 // enqueueScript queues a call. KEYS: queue, counter, this session's
@@ -272,6 +323,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local token, tok = nextToken(topOf(string.sub(KEYS[1], 1, -2) .. 'w'))
   redis.call('ZADD', KEYS[1], tok, member)
   if label ~= '' then redis.call('HSET', string.sub(KEYS[1], 1, -2) .. 'l', member, label) end
+  local f = string.sub(KEYS[1], 1, -2) .. 'f'
+  if redis.call('EXISTS', f) == 1 then
+    -- The key's change log: this call is its one holder.
+    local last = redis.call('XREVRANGE', f, '+', '-', 'COUNT', 1)[1]
+    redis.call('XADD', f, 'MAXLEN', '~', ` + logLen + `, '*', 'p', last and last[1] or '0-0', 't', tok,
+      'h', #member .. ':' .. member .. #proc .. ':' .. proc .. #label .. ':' .. label)
+  end
   return {1, token, 1}
 end
 ` + prelude + `
@@ -300,6 +358,7 @@ if had then
   -- with its entry left holding the key.
   redis.call('SET', KEYS[3], proc, 'PX', ttl)
   notify(before, g, hb)
+  record(g)
   if wait then
     local b = head()
     if b == nil or tonumber(had) < b then return {1, tonumber(had), 1} end
@@ -315,6 +374,7 @@ if mode == 'u' and total > 0 then
   local hs, hm, hw, hn = parse(redis.call('ZRANGE', q, 0, 0)[1])
   if hm == 'u' and hn ~= n then
     notify(before, g, hb)
+    record(g)
     return {-1, hn}
   end
 end
@@ -324,6 +384,7 @@ end
 local now = total == 0 or (not wait and #g == total and bar == nil and fits(cnt, shared, units, sum, mode, w, n))
 if (kind == 't' and not now) or (kind == 'w' and now) then
   notify(before, g, hb)
+  record(g)
   if kind == 't' then return {0} end
   return {2}
 end
@@ -338,6 +399,10 @@ else
 end
 if label ~= '' then redis.call('HSET', lkey, member, label) end
 notify(before, g, hb)
+-- Granted at once: among the holders, though not announced (the reply
+-- tells its Locker).
+if now and not wait then g[#g + 1] = member end
+record(g)
 if now then return {1, token, 1} end
 return {1, token, 0}
 `)
@@ -379,6 +444,11 @@ if redis.call('ZCARD', KEYS[1]) == 1 and redis.call('ZREM', KEYS[1], ARGV[3]) ==
     redis.call('HDEL', tag .. 'l', ARGV[3])
   end
   redis.call('DEL', KEYS[2])
+  if redis.call('EXISTS', tag .. 'f') == 1 then
+    -- The key's change log: nobody holds it.
+    local last = redis.call('XREVRANGE', tag .. 'f', '+', '-', 'COUNT', 1)[1]
+    redis.call('XADD', tag .. 'f', 'MAXLEN', '~', ` + logLen + `, '*', 'p', last and last[1] or '0-0', 't', '', 'h', '')
+  end
   return {current, b}
 end
 ` + prelude + `
@@ -386,7 +456,9 @@ local before = walk(false)
 local hb = head()
 local removed = redis.call('ZREM', isWait(ARGV[3]) and wq or q, ARGV[3])
 redis.call('HDEL', lkey, ARGV[3])
-local news, b = notify(before, walk(true), hb)
+local after = walk(true)
+local news, b = notify(before, after, hb)
+record(after)
 local res = {removed * current, b or 0}
 local own = ARGV[4] .. '|'
 for _, m in ipairs(news) do
@@ -453,6 +525,7 @@ local before = walk(false)
 local hb = head()
 local after = walk(true)
 notify(before, after, hb)
+record(after)
 local present = 0
 if ARGV[3] ~= '' and redis.call('ZSCORE', isWait(ARGV[3]) and wq or q, ARGV[3]) then present = 1 end
 local res = {present, redis.call('ZCARD', q), bound() or 0}
@@ -508,6 +581,7 @@ for _, m in ipairs(held) do
 end
 if stale then held = walk(true) end
 notify(before, held, hb)
+record(held)
 res[2] = bound() or 0
 return res
 `)
@@ -524,6 +598,7 @@ local before = walk(false)
 local hb = head()
 local after = walk(true)
 notify(before, after, hb)
+record(after)
 local held = {}
 for _, m in ipairs(after) do held[m] = true end
 local b = bound()
@@ -587,7 +662,9 @@ end
 if grants then
   local before = walk(false)
   for i = 3, #ARGV do unlist(ARGV[i]) end
-  notify(before, walk(true), hb)
+  local after = walk(true)
+  notify(before, after, hb)
+  record(after)
 else
   for i = 3, #ARGV do unlist(ARGV[i]) end
 end
