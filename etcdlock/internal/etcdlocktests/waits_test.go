@@ -262,37 +262,33 @@ func TestWaitBehindManyKnowsTheFront(t *testing.T) {
 
 // TestWaitBuildsOnAWaitAhead: a Wait queued behind more keys than it
 // reads when it queues, among them an earlier Wait of its Locker that
-// knows the rest of the queue, takes its view from that Wait with no
-// read of its own, and still waits for what is between the two: the
-// holder's release grants the Waits and the Lock queued between them,
-// and the second Wait returns only once that Lock is released.
+// knows the rest of the queue, takes its view from that Wait, and still
+// waits for what is between the two: the holder's release grants the
+// Waits and the Lock queued between them, and the second Wait returns
+// once that Lock is released, with no read of its queue (it knew the
+// front from the first Wait).
 func TestWaitBuildsOnAWaitAhead(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	admin := srv.Client(t)
 	const prefix, key = "/base", "k"
+	// The first Wait has few enough keys ahead to read them all; the
+	// second, behind both groups of Waits and the Lock, too many, but
+	// the first Wait's key is among those it reads.
+	const before, after = 20, 15
 	rng := prefix + "/" + key + "/"
 	rw := newRangeWatcher(rng)
 	holder, fillers, between := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
 	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
 	ctx := context.Background()
 	h := mustLock(t, ctx, holder, key)
-	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, fillerWaits)
-
+	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, before)
 	w1 := startWait(ctx, waiters, key)
-	select {
-	case <-rw.read:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first Wait did not read its queue")
-	}
-	keysUnder(t, admin, rng) // a round trip more for it to subscribe
+	waitKeysQueued(t, admin, rng, before+2, append(ahead, w1)...)
+	ahead = append(ahead, queueWaits(t, ctx, admin, fillers, rng, key, before+2, after)...)
 	x := startLock(ctx, between.Lock, key)
-	waitKeysQueued(t, admin, rng, fillerWaits+3, w1)
+	waitKeysQueued(t, admin, rng, before+after+3, append(ahead, w1)...)
 	w2 := startWait(ctx, waiters, key)
-	waitKeysQueued(t, admin, rng, fillerWaits+4, w1, w2)
-	keysUnder(t, admin, rng)
-	if n, _ := rw.count(); n != 1 {
-		t.Fatalf("%d reads of the queue through the Waits' Locker, want 1: the second Wait read it instead of building on the first", n)
-	}
+	waitKeysQueued(t, admin, rng, before+after+4, append(ahead, w1, w2)...)
 
 	mustUnlock(t, ctx, h)
 	for i, p := range append(ahead, w1) {
@@ -312,6 +308,9 @@ func TestWaitBuildsOnAWaitAhead(t *testing.T) {
 	}
 	if w2.at.Before(released) {
 		t.Fatalf("the second Wait returned %v before the Lock ahead of it was released", released.Sub(w2.at))
+	}
+	if n, _ := rw.count(); n != 0 {
+		t.Fatalf("%d reads of the whole queue through the Waits' Locker, want none: the second Wait read it once the Lock was released, not knowing the front from the first Wait", n)
 	}
 	waitKeys(t, admin, rng, 0, 10*time.Second)
 }
