@@ -49,8 +49,8 @@ import (
 // one holder would read n²/2 keys. A Wait reads the nearest
 // waitAheadLimit keys ahead when it queues. If there were more, it looks
 // among the keys it read for a Wait of this Locker on the same key that
-// knows the rest of the queue (its base, inheritLocked): one subscribed
-// with a complete view, or whose turn has come (turnCame: once no key
+// knows the rest of the queue (its base, inheritLocked): one whose
+// subscription is that of a complete view, or whose turn has come (turnCame: once no key
 // ahead of a call is left but Waits, none can come, since a key created
 // later is behind it). The keys it read hold every key created between
 // the base's and its own, so the base's subscriptions complete its view:
@@ -143,6 +143,10 @@ type waiter struct {
 	aheadKeys  []string // the subscribed keys ahead not yet deleted, oldest first
 	turns      int      // the Waits among aheadKeys (a shared call's)
 	ownWatched bool     // subscribed to its own key's deletion
+	// subscribed: aheadKeys are the subscription of the last read (ahead,
+	// complete, at), kept since by the deletions dispatched. A read
+	// whose subscription the hub refused leaves it false.
+	subscribed bool
 }
 
 // waiterOf returns c's waiter. mu is held.
@@ -190,11 +194,13 @@ func (h *hub) readyCh() <-chan struct{} { return h.ready }
 // which loses c. h.mu is held.
 func (h *hub) subscribeLocked(c *backend.Call, w *waiter) (bool, <-chan struct{}) {
 	if !h.live || w.at < h.from {
+		w.subscribed = false
 		return false, h.ready
 	}
 	h.unwatchAheadLocked(c, w)
 	h.inheritLocked(c, w)
 	h.watchAheadLocked(c, w)
+	w.subscribed = true
 	if !w.ownWatched {
 		if r, ok := h.recent[c.ID()]; ok && r > w.at {
 			h.k.LoseLocked(c)
@@ -221,7 +227,7 @@ func (h *hub) inheritLocked(c *backend.Call, w *waiter) {
 			continue
 		}
 		b, ok := bc.Data().(*waiter)
-		if !ok || !b.claim.turn || b.key != w.key || b.rev != int64(bc.Token()) || !(b.turnCame || b.ownWatched && b.complete) {
+		if !ok || !b.claim.turn || b.key != w.key || b.rev != int64(bc.Token()) || !(b.turnCame || b.subscribed && b.complete) {
 			continue // not a Wait, not subscribed yet, or not knowing all ahead of it
 		}
 		if !b.turnCame {
@@ -280,6 +286,7 @@ func (h *hub) unwatchAheadLocked(c *backend.Call, w *waiter) {
 // unwatchLocked removes every subscription of c. h.mu is held.
 func (h *hub) unwatchLocked(c *backend.Call, w *waiter) {
 	h.unwatchAheadLocked(c, w)
+	w.subscribed = false
 	if w.ownWatched {
 		h.drop(c.ID(), c)
 		w.ownWatched = false
@@ -670,6 +677,7 @@ func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		w.weight = total{}
 		w.turns = 0
 		w.ownWatched = false
+		w.subscribed = false
 		return true
 	})
 	clear(h.watched)
@@ -701,6 +709,7 @@ func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		}
 		w.complete = true
 		h.watchAheadLocked(c, w)
+		w.subscribed = true
 		if w.ready() {
 			h.judge(c, w)
 		}

@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -136,23 +137,28 @@ func waitKeysQueued(t *testing.T, admin *clientv3.Client, prefix string, n int, 
 
 // rangeWatcher is a gRPC interceptor that notices a client's reads of
 // one key's range (the shared read of a Wait's whole queue), and can
-// hold back the answer of the first: reads counts them; with hold, the
-// first read's answer, once it has come, waits until release is closed,
-// after saying so on held. It also counts the Waits' keys the client
-// writes.
+// hold back their answers: reads counts them; the answer of read i (from
+// 1), once it has come, waits until release[i-1] is closed, if there is
+// one, after sending i on held. It also counts the Waits' keys the
+// client writes.
 type rangeWatcher struct {
 	rng     string
+	release []chan struct{}
+	held    chan int
+	read    chan struct{} // closed when the first read has been answered
 	mu      sync.Mutex
 	reads   int
 	waits   int // the Waits' keys the client's transactions wrote
-	hold    bool
-	held    chan struct{} // closed when the first read's answer is held back
-	release chan struct{}
-	read    chan struct{} // closed when a read of the range has been answered
 }
 
-func newRangeWatcher(rng string) *rangeWatcher {
-	return &rangeWatcher{rng: rng, held: make(chan struct{}), release: make(chan struct{}), read: make(chan struct{})}
+// newRangeWatcher returns a rangeWatcher of the range rng that holds
+// back the answers of the first hold reads.
+func newRangeWatcher(rng string, hold int) *rangeWatcher {
+	rw := &rangeWatcher{rng: rng, held: make(chan int, hold), read: make(chan struct{})}
+	for range hold {
+		rw.release = append(rw.release, make(chan struct{}))
+	}
+	return rw
 }
 
 func (rw *rangeWatcher) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -171,18 +177,18 @@ func (rw *rangeWatcher) intercept(ctx context.Context, method string, req, reply
 	}
 	rw.mu.Lock()
 	rw.reads++
-	hold, first := rw.hold, rw.reads == 1
+	i := rw.reads
 	rw.mu.Unlock()
 	err := invoke(ctx, method, req, reply, cc, opts...)
-	if hold && first {
-		close(rw.held)
+	if i <= len(rw.release) {
+		rw.held <- i
 		select {
-		case <-rw.release:
+		case <-rw.release[i-1]:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	if first {
+	if i == 1 {
 		close(rw.read)
 	}
 	return err
@@ -192,6 +198,21 @@ func (rw *rangeWatcher) count() (reads, waits int) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	return rw.reads, rw.waits
+}
+
+// awaitHeld waits for the answer of read i to be held back.
+func (rw *rangeWatcher) awaitHeld(t *testing.T, i int, p *pending) {
+	t.Helper()
+	select {
+	case j := <-rw.held:
+		if j != i {
+			t.Fatalf("read %d of the queue held back, want %d", j, i)
+		}
+	case <-p.done:
+		t.Fatalf("the Wait returned (%v) while the holder holds the key, before its read %d of its queue was answered", p.err, i)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no read %d of the queue", i)
+	}
 }
 
 // TestWaitBehindManyKnowsTheFront: a Wait queued behind more keys than
@@ -209,8 +230,7 @@ func TestWaitBehindManyKnowsTheFront(t *testing.T) {
 	admin := srv.Client(t)
 	const prefix, key = "/front", "k"
 	rng := prefix + "/" + key + "/"
-	rw := newRangeWatcher(rng)
-	rw.hold = true
+	rw := newRangeWatcher(rng, 1)
 	holder, fillers := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
 	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
 	ctx := context.Background()
@@ -218,13 +238,7 @@ func TestWaitBehindManyKnowsTheFront(t *testing.T) {
 	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, fillerWaits)
 
 	w1 := startWait(ctx, waiters, key)
-	select {
-	case <-rw.held:
-	case <-w1.done:
-		t.Fatalf("the Wait behind %d Waits returned (%v) while the holder holds the key, before reading its queue", fillerWaits, w1.err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the Wait behind many Waits did not read its queue")
-	}
+	rw.awaitHeld(t, 1, w1)
 	w2 := startWait(ctx, waiters, key)
 	waitKeysQueued(t, admin, rng, fillerWaits+3, w1, w2)
 	keys := keysUnder(t, admin, rng)
@@ -235,7 +249,7 @@ func TestWaitBehindManyKnowsTheFront(t *testing.T) {
 			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
 		}
 	}
-	close(rw.release)
+	close(rw.release[0])
 	keysUnder(t, admin, rng)
 	keysUnder(t, admin, rng)
 	if w2.returned() {
@@ -276,7 +290,7 @@ func TestWaitBuildsOnAWaitAhead(t *testing.T) {
 	// the first Wait's key is among those it reads.
 	const before, after = 20, 15
 	rng := prefix + "/" + key + "/"
-	rw := newRangeWatcher(rng)
+	rw := newRangeWatcher(rng, 0)
 	holder, fillers, between := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
 	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
 	ctx := context.Background()
@@ -311,6 +325,88 @@ func TestWaitBuildsOnAWaitAhead(t *testing.T) {
 	}
 	if n, _ := rw.count(); n != 0 {
 		t.Fatalf("%d reads of the whole queue through the Waits' Locker, want none: the second Wait read it once the Lock was released, not knowing the front from the first Wait", n)
+	}
+	waitKeys(t, admin, rng, 0, 10*time.Second)
+}
+
+// forgetAll writes and then deletes, in one deletion, more keys under
+// prefix than a Locker's hub remembers deletions of (4096): a read of a
+// queue made before them can no longer be judged against the deletions
+// since, and the hub refuses its subscription.
+func forgetAll(t *testing.T, admin *clientv3.Client, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	const n, batch = 4200, 100
+	for i := 0; i < n; i += batch {
+		var ops []clientv3.Op
+		for j := i; j < i+batch; j++ {
+			ops = append(ops, clientv3.OpPut(prefix+strconv.Itoa(j), ""))
+		}
+		if _, err := admin.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWaitDoesNotBuildOnARefusedRead: a Wait whose read of its whole
+// queue came back too late to be judged (more deletions since than the
+// hub remembers) reads again; until then, a Wait of the same Locker
+// queued behind it must not take its view from it (that read says the
+// queue's front is known, but the first Wait is subscribed to none of
+// it): both wait for the holder.
+func TestWaitDoesNotBuildOnARefusedRead(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	const prefix, key = "/refused", "k"
+	rng := prefix + "/" + key + "/"
+	rw := newRangeWatcher(rng, 2)
+	holder, fillers, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
+	ctx := context.Background()
+	h := mustLock(t, ctx, holder, key)
+	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, fillerWaits)
+	// A Lock through the Waits' Locker behind another holder: its grant
+	// says that Locker's hub has dispatched every deletion before that
+	// holder's release.
+	h2 := mustLock(t, ctx, other, "mark")
+	mark := startLock(ctx, waiters.Lock, "mark")
+	waitKeys(t, admin, prefix+"/mark/", 2, 10*time.Second)
+
+	w1 := startWait(ctx, waiters, key)
+	rw.awaitHeld(t, 1, w1)
+	forgetAll(t, admin, prefix+"/forget/")
+	mustUnlock(t, ctx, h2)
+	mustUnlock(t, ctx, mark.granted(t, "the Lock behind the deletions"))
+	close(rw.release[0])   // too late to be judged: the Wait reads again,
+	rw.awaitHeld(t, 2, w1) // and that answer is held back too
+	w2 := startWait(ctx, waiters, key)
+	waitKeysQueued(t, admin, rng, fillerWaits+3, w1, w2)
+	keysUnder(t, admin, rng) // a round trip more for the Waits to settle
+	for i, p := range []*pending{w1, w2} {
+		if p.returned() {
+			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
+		}
+	}
+	close(rw.release[1])
+	keysUnder(t, admin, rng)
+	keysUnder(t, admin, rng)
+	for i, p := range []*pending{w1, w2} {
+		if p.returned() {
+			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
+		}
+	}
+	released := time.Now()
+	mustUnlock(t, ctx, h)
+	for i, p := range append(ahead, w1, w2) {
+		if _, err := p.within(t, 10*time.Second, "a Wait after the release"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
+		}
+		if p.at.Before(released) {
+			t.Fatalf("Wait %d returned %v before the holder's release", i, released.Sub(p.at))
+		}
 	}
 	waitKeys(t, admin, rng, 0, 10*time.Second)
 }
