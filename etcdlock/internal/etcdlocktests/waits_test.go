@@ -145,7 +145,6 @@ type rangeWatcher struct {
 	rng     string
 	release []chan struct{}
 	held    chan int
-	read    chan struct{} // closed when the first read has been answered
 	mu      sync.Mutex
 	reads   int
 	waits   int // the Waits' keys the client's transactions wrote
@@ -154,7 +153,7 @@ type rangeWatcher struct {
 // newRangeWatcher returns a rangeWatcher of the range rng that holds
 // back the answers of the first hold reads.
 func newRangeWatcher(rng string, hold int) *rangeWatcher {
-	rw := &rangeWatcher{rng: rng, held: make(chan int, hold), read: make(chan struct{})}
+	rw := &rangeWatcher{rng: rng, held: make(chan int, hold)}
 	for range hold {
 		rw.release = append(rw.release, make(chan struct{}))
 	}
@@ -187,9 +186,6 @@ func (rw *rangeWatcher) intercept(ctx context.Context, method string, req, reply
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}
-	if i == 1 {
-		close(rw.read)
 	}
 	return err
 }
