@@ -32,8 +32,9 @@ type engine struct {
 	size   int64  // a Semaphore's units per key; 0 for a Locker
 	value  string // valuePrefix: the start of every key's value (list.go)
 	seq    atomic.Uint64
-	leases *leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
-	hub    hub          // the watch and its dispatch (hub.go)
+	reads  map[string]*queueRead // key → its Waits' shared read in flight (reads.go); guarded by the Core's mutex
+	leases *leaseKeeper          // the lease: its grant, renewal and replacement (lease.go)
+	hub    hub                   // the watch and its dispatch (hub.go)
 }
 
 // tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
@@ -42,9 +43,10 @@ type engine struct {
 const tryRounds = 8
 
 // Enqueue writes c's key under the current lease in one transaction that
-// also reads the keys ahead of it (the nearest aheadLimit for an
-// exclusive call, every one for shared calls and units), and leaves them
-// in c's waiter state for WatchLocked. A TryLock writes only if the
+// also reads the keys ahead of it (limitOf: the nearest aheadLimit for an
+// exclusive call, the nearest waitAheadLimit for a Wait, every one for
+// shared calls and units), and leaves them in c's waiter state for
+// WatchLocked. A TryLock writes only if the
 // key's range is empty; a shared Try form writes only if no call joined
 // the range since it judged it (up to tryRounds ranges); a Wait writes
 // only if the range is not empty. A write that finds the lease gone ends
@@ -180,19 +182,25 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		}
 		mu := e.k.Mu()
 		mu.Lock()
-		c.SetData(&waiter{claim: want, ahead: ahead, complete: complete, at: rev})
+		c.SetData(&waiter{claim: want, key: c.Key(), rev: rev, ahead: ahead, complete: complete, at: rev})
 		mu.Unlock()
 		return backend.Enqueued{Token: uint64(rev), Session: s}, nil
 	}
 }
 
-// limitOf is how many of the keys ahead a call of claim c reads: the
-// nearest aheadLimit for an exclusive call, which waits for all of them
-// anyway; every one (0, no limit) for a shared call, units, or a Wait,
-// whose turn depends on what every call ahead asks for.
+// limitOf is how many of the keys ahead a call of claim c reads when it
+// queues: the nearest aheadLimit for an exclusive call, which waits for
+// all of them anyway; the nearest waitAheadLimit for a Wait, which reads
+// the rest only if none of those keeps it waiting and no Wait of this
+// Locker among them vouches for the rest (hub.inheritLocked; Refresh,
+// reads.go); every one (0, no limit) for a shared call or units, whose
+// turn depends on what every call ahead asks for.
 func limitOf(c claim) int64 {
-	if c == (claim{}) {
+	switch {
+	case c == (claim{}):
 		return aheadLimit
+	case c.turn:
+		return waitAheadLimit
 	}
 	return 0
 }
@@ -219,6 +227,7 @@ func (e *engine) judgeLocked(c *backend.Call, w *waiter) {
 		return
 	}
 	if w.complete {
+		w.turnCame = true
 		e.k.GrantLocked(c)
 	} else {
 		e.k.RefreshLocked(c)
@@ -226,7 +235,10 @@ func (e *engine) judgeLocked(c *backend.Call, w *waiter) {
 }
 
 // Refresh reads c's queue again (whether its key still exists, and the
-// keys ahead of it) and subscribes from there, as WatchLocked.
+// keys ahead of it) and subscribes from there, as WatchLocked. A Wait
+// reads all of it, in a read shared with the Waits of this Locker that
+// read the same key's queue at the same time (reads.go); another call,
+// as many keys as it reads when it queues (limitOf).
 func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{}, error) {
 	mu := e.k.Mu()
 	mu.Lock()
@@ -238,11 +250,24 @@ func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{},
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(e.k.Closing(), stop)()
+	if want.turn {
+		if rd := e.sharedRead(ctx, c.Key(), rev); rd != nil {
+			if rd.created[name] != rev { // read at or after its creation: gone
+				return nil, backend.ErrGone
+			}
+			// The Waits ahead are left out: none keeps a Wait waiting.
+			return e.resubscribe(c, rd.aheadOf(rev), true, rd.rev)
+		}
+	}
+	limit := limitOf(want)
+	if want.turn {
+		limit = 0
+	}
 	var resp *clientv3.TxnResponse
 	err := e.attempts(ctx, func(actx context.Context) (err error) {
 		resp, err = e.client.Txn(actx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
 			clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limitOf(want)))).Commit()
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limit))).Commit()
 		return err
 	})
 	switch {
@@ -258,10 +283,18 @@ func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{},
 	for _, kv := range rr.Kvs {
 		ahead = append(ahead, string(kv.Key))
 	}
+	return e.resubscribe(c, ahead, !rr.More, resp.Header.Revision)
+}
+
+// resubscribe subscribes c from a read of its queue at revision at: the
+// keys ahead of it, newest first (all of them if complete), and grants it
+// if none keeps it waiting, as WatchLocked.
+func (e *engine) resubscribe(c *backend.Call, ahead []string, complete bool, at int64) (<-chan struct{}, error) {
+	mu := e.k.Mu()
 	mu.Lock()
 	defer mu.Unlock()
 	w := waiterOf(c)
-	w.ahead, w.complete, w.at = ahead, !rr.More, resp.Header.Revision
+	w.ahead, w.complete, w.at = ahead, complete, at
 	ok, news := e.hub.subscribeLocked(c, w)
 	if !ok {
 		return news, nil

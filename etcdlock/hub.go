@@ -44,6 +44,24 @@ import (
 // more. Shared calls and units read every key ahead: a reader's turn
 // depends on every call ahead of it, not only the nearest.
 //
+// A Wait's turn depends on every call ahead of it that is not a Wait,
+// so it would read every key ahead, and n Waits queued together behind
+// one holder would read n²/2 keys. A Wait reads the nearest
+// waitAheadLimit keys ahead when it queues. If there were more, it looks
+// among the keys it read for a Wait of this Locker on the same key that
+// knows the rest of the queue (its base, inheritLocked): one whose
+// subscription is that of a complete view, or whose turn has come (turnCame: once no key
+// ahead of a call is left but Waits, none can come, since a key created
+// later is behind it). The keys it read hold every key created between
+// the base's and its own, so the base's subscriptions complete its view:
+// it subscribes to the keys it read that are newer than the base's, and
+// to the base's keys ahead (aheadKeys: those that keep a Wait waiting and
+// whose deletion the hub has not dispatched; none if the base's turn has
+// come). Deletions the hub dispatches after that reach it as a subscriber
+// of each, so its view stays complete. With no base, it reads its whole
+// queue (Refresh) in a read shared with the other Waits of this Locker
+// reading the same queue at the time (reads.go).
+//
 // If the watch ends (compaction, lost leader, an error, or silence: see
 // serveWatch), the loop starts a new one at the then current revision W' and rebuilds the hub from one
 // listing of the prefix read after W': each call's own key present or not
@@ -57,6 +75,13 @@ import (
 // the nearest are gone. A release wakes at most this many local waiters,
 // and only to count down.
 const aheadLimit = 8
+
+// waitAheadLimit is how many of the keys ahead of it a Wait reads when it
+// queues: more than aheadLimit, so that among Waits queued together
+// through this Locker one usually finds, among the keys it read, a Wait
+// of this Locker that already knows the rest of the queue
+// (inheritLocked), and needs no second read.
+const waitAheadLimit = 32
 
 // recentCap bounds the deletions the hub remembers.
 const recentCap = 4096
@@ -102,17 +127,26 @@ func (h *hub) init() {
 // what the last read of the keys ahead found, and what the call is
 // subscribed to. It is guarded by mu.
 type waiter struct {
-	claim claim // what the call asks for
+	claim claim  // what the call asks for
+	key   string // the call's key (Call.Key)
+	rev   int64  // the creation revision of the call's etcd key (its token)
 	// The last read of the queue, for subscribeLocked: the keys ahead,
 	// newest first (all of them if complete), at revision at.
 	ahead    []string
 	complete bool
 	at       int64
+	// turnCame: judgeLocked granted the call: no key ahead of it that
+	// keeps it waiting was left, and none can come.
+	turnCame bool
 	// The subscription.
 	weight     total    // the weight (claim.weigh) of aheadKeys
 	aheadKeys  []string // the subscribed keys ahead not yet deleted, oldest first
 	turns      int      // the Waits among aheadKeys (a shared call's)
 	ownWatched bool     // subscribed to its own key's deletion
+	// subscribed: aheadKeys are the subscription of the last read (ahead,
+	// complete, at), kept since by the deletions dispatched. A read
+	// whose subscription the hub refused leaves it false.
+	subscribed bool
 }
 
 // waiterOf returns c's waiter. mu is held.
@@ -160,10 +194,13 @@ func (h *hub) readyCh() <-chan struct{} { return h.ready }
 // which loses c. h.mu is held.
 func (h *hub) subscribeLocked(c *backend.Call, w *waiter) (bool, <-chan struct{}) {
 	if !h.live || w.at < h.from {
+		w.subscribed = false
 		return false, h.ready
 	}
 	h.unwatchAheadLocked(c, w)
+	h.inheritLocked(c, w)
 	h.watchAheadLocked(c, w)
+	w.subscribed = true
 	if !w.ownWatched {
 		if r, ok := h.recent[c.ID()]; ok && r > w.at {
 			h.k.LoseLocked(c)
@@ -173,6 +210,37 @@ func (h *hub) subscribeLocked(c *backend.Call, w *waiter) (bool, <-chan struct{}
 		}
 	}
 	return true, nil
+}
+
+// inheritLocked completes the view of c, a Wait whose read stopped short
+// of the front of its queue, with a base's (see above), if one is among
+// the keys it read: it subscribes c to the base's keys ahead, leaves in
+// w.ahead only the keys newer than the base's, and marks the view
+// complete. It changes nothing if there is no base. h.mu is held.
+func (h *hub) inheritLocked(c *backend.Call, w *waiter) {
+	if w.complete || !w.claim.turn {
+		return
+	}
+	for i, k := range w.ahead { // newest first
+		bc := h.k.CallLocked(k)
+		if bc == nil {
+			continue
+		}
+		b, ok := bc.Data().(*waiter)
+		if !ok || !b.claim.turn || b.key != w.key || b.rev != int64(bc.Token()) || !(b.turnCame || b.subscribed && b.complete) {
+			continue // not a Wait, not subscribed yet, or not knowing all ahead of it
+		}
+		if !b.turnCame {
+			for _, k := range b.aheadKeys { // oldest first
+				h.watched[k] = append(h.watched[k], c)
+				w.aheadKeys = append(w.aheadKeys, k)
+				w.weight.add(w.claim.weigh(k))
+			}
+		}
+		w.ahead = w.ahead[:i]
+		w.complete = true
+		return
+	}
 }
 
 // watchAheadLocked subscribes c to the keys ahead in w.ahead that keep it
@@ -218,6 +286,7 @@ func (h *hub) unwatchAheadLocked(c *backend.Call, w *waiter) {
 // unwatchLocked removes every subscription of c. h.mu is held.
 func (h *hub) unwatchLocked(c *backend.Call, w *waiter) {
 	h.unwatchAheadLocked(c, w)
+	w.subscribed = false
 	if w.ownWatched {
 		h.drop(c.ID(), c)
 		w.ownWatched = false
@@ -608,6 +677,7 @@ func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		w.weight = total{}
 		w.turns = 0
 		w.ownWatched = false
+		w.subscribed = false
 		return true
 	})
 	clear(h.watched)
@@ -639,6 +709,7 @@ func (h *hub) rebuildLocked(kvs []*mvccpb.KeyValue) {
 		}
 		w.complete = true
 		h.watchAheadLocked(c, w)
+		w.subscribed = true
 		if w.ready() {
 			h.judge(c, w)
 		}

@@ -2,13 +2,18 @@ package etcdlock_test
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/keylock"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
@@ -81,4 +86,323 @@ func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 	}
 	mustUnlock(t, ctx, g)
 	waitKeys(t, admin, prefix+"/", 0, 10*time.Second)
+}
+
+// fillerWaits is how many Waits the tests below queue ahead of the ones
+// they watch: more than the keys ahead a Wait reads when it queues, so
+// that those Waits must learn the rest of their queue another way.
+const fillerWaits = 40
+
+// queueWaits starts n Waits on key through l, one after another, each
+// once the one before has its key under prefix (have keys there before
+// the first), and returns their results. It fails the test if one of
+// them returns meanwhile: the key's holder holds it.
+func queueWaits(t *testing.T, ctx context.Context, admin *clientv3.Client, l *etcdlock.Locker, prefix, key string, have, n int) []*pending {
+	t.Helper()
+	ps := make([]*pending, n)
+	for i := range n {
+		ps[i] = startWait(ctx, l, key)
+		waitKeysQueued(t, admin, prefix, have+i+1, ps[:i+1]...)
+	}
+	return ps
+}
+
+// startWait runs l.Wait(ctx, key) on a goroutine of its own.
+func startWait(ctx context.Context, l *etcdlock.Locker, key string) *pending {
+	return start(ctx, func(ctx context.Context) (keylock.Lease, error) { return nil, l.Wait(ctx, key) })
+}
+
+// waitKeysQueued polls etcd until exactly n keys are under prefix, and
+// fails the test if one of ps returns first (the key's holder holds it,
+// so none may), or after 10 s.
+func waitKeysQueued(t *testing.T, admin *clientv3.Client, prefix string, n int, ps ...*pending) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for i, p := range ps {
+			if p.returned() {
+				t.Fatalf("Wait %d of %d returned (%v) while the holder holds the key", i+1, len(ps), p.err)
+			}
+		}
+		keys := keysUnder(t, admin, prefix)
+		if len(keys) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys under %q after 10s, want %d: %q", len(keys), prefix, n, keys)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// rangeWatcher is a gRPC interceptor that notices a client's reads of
+// one key's range (the shared read of a Wait's whole queue), and can
+// hold back their answers: reads counts them; the answer of read i (from
+// 1), once it has come, waits until release[i-1] is closed, if there is
+// one, after sending i on held. It also counts the Waits' keys the
+// client writes.
+type rangeWatcher struct {
+	rng     string
+	release []chan struct{}
+	held    chan int
+	mu      sync.Mutex
+	reads   int
+	waits   int // the Waits' keys the client's transactions wrote
+}
+
+// newRangeWatcher returns a rangeWatcher of the range rng that holds
+// back the answers of the first hold reads.
+func newRangeWatcher(rng string, hold int) *rangeWatcher {
+	rw := &rangeWatcher{rng: rng, held: make(chan int, hold)}
+	for range hold {
+		rw.release = append(rw.release, make(chan struct{}))
+	}
+	return rw
+}
+
+func (rw *rangeWatcher) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if tr, ok := req.(*etcdserverpb.TxnRequest); ok {
+		for _, op := range append(tr.Success, tr.Failure...) {
+			if p := op.GetRequestPut(); p != nil && strings.HasSuffix(string(p.Key), "-w") {
+				rw.mu.Lock()
+				rw.waits++
+				rw.mu.Unlock()
+			}
+		}
+	}
+	r, ok := req.(*etcdserverpb.RangeRequest)
+	if !ok || string(r.Key) != rw.rng {
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+	rw.mu.Lock()
+	rw.reads++
+	i := rw.reads
+	rw.mu.Unlock()
+	err := invoke(ctx, method, req, reply, cc, opts...)
+	if i <= len(rw.release) {
+		rw.held <- i
+		select {
+		case <-rw.release[i-1]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return err
+}
+
+func (rw *rangeWatcher) count() (reads, waits int) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.reads, rw.waits
+}
+
+// awaitHeld waits for the answer of read i to be held back.
+func (rw *rangeWatcher) awaitHeld(t *testing.T, i int, p *pending) {
+	t.Helper()
+	select {
+	case j := <-rw.held:
+		if j != i {
+			t.Fatalf("read %d of the queue held back, want %d", j, i)
+		}
+	case <-p.done:
+		t.Fatalf("the Wait returned (%v) while the holder holds the key, before its read %d of its queue was answered", p.err, i)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no read %d of the queue", i)
+	}
+}
+
+// TestWaitBehindManyKnowsTheFront: a Wait queued behind more keys than
+// it reads when it queues, all of them Waits of other Lockers, is not
+// granted while the holder in front of them holds the key. It reads its
+// whole queue (the answer held back here): until it has the answer it
+// must not count the keys it did not read as gone. A second Wait of the
+// same Locker, queued while the first one's answer is held back, must
+// not take its view from the first (which does not know the front yet),
+// nor from that read, made before its own key was written (its own key
+// is not in it): it waits for the holder too, under the key it queued
+// with.
+func TestWaitBehindManyKnowsTheFront(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	const prefix, key = "/front", "k"
+	rng := prefix + "/" + key + "/"
+	rw := newRangeWatcher(rng, 1)
+	holder, fillers := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
+	ctx := context.Background()
+	h := mustLock(t, ctx, holder, key)
+	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, fillerWaits)
+
+	w1 := startWait(ctx, waiters, key)
+	rw.awaitHeld(t, 1, w1)
+	w2 := startWait(ctx, waiters, key)
+	waitKeysQueued(t, admin, rng, fillerWaits+3, w1, w2)
+	keys := keysUnder(t, admin, rng)
+	w2Key := keys[len(keys)-1]
+	keysUnder(t, admin, rng) // a round trip more for the Waits to settle
+	for i, p := range []*pending{w1, w2} {
+		if p.returned() {
+			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
+		}
+	}
+	close(rw.release[0])
+	keysUnder(t, admin, rng)
+	keysUnder(t, admin, rng)
+	if w2.returned() {
+		t.Fatalf("the second Wait returned (%v) while the holder holds the key", w2.err)
+	}
+	if keys := keysUnder(t, admin, rng); !slices.Contains(keys, w2Key) {
+		t.Fatalf("the second Wait's key %q is gone before the holder's release (%q): it queued again", w2Key, keys)
+	}
+	released := time.Now()
+	mustUnlock(t, ctx, h)
+	for i, p := range append(ahead, w1, w2) {
+		if _, err := p.within(t, 10*time.Second, "a Wait after the release"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
+		}
+		if p.at.Before(released) {
+			t.Fatalf("Wait %d returned %v before the holder's release", i, released.Sub(p.at))
+		}
+	}
+	if _, n := rw.count(); n != 2 {
+		t.Fatalf("%d Wait keys written through the Waits' Locker, want 2: the second Wait queued again", n)
+	}
+	waitKeys(t, admin, rng, 0, 10*time.Second)
+}
+
+// TestWaitBuildsOnAWaitAhead: a Wait queued behind more keys than it
+// reads when it queues, among them an earlier Wait of its Locker that
+// knows the rest of the queue, takes its view from that Wait, and still
+// waits for what is between the two: the holder's release grants the
+// Waits and the Lock queued between them, and the second Wait returns
+// once that Lock is released, with no read of its queue (it knew the
+// front from the first Wait).
+func TestWaitBuildsOnAWaitAhead(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	const prefix, key = "/base", "k"
+	// The first Wait has few enough keys ahead to read them all; the
+	// second, behind both groups of Waits and the Lock, too many, but
+	// the first Wait's key is among those it reads.
+	const before, after = 20, 15
+	rng := prefix + "/" + key + "/"
+	rw := newRangeWatcher(rng, 0)
+	holder, fillers, between := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
+	ctx := context.Background()
+	h := mustLock(t, ctx, holder, key)
+	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, before)
+	w1 := startWait(ctx, waiters, key)
+	waitKeysQueued(t, admin, rng, before+2, append(ahead, w1)...)
+	ahead = append(ahead, queueWaits(t, ctx, admin, fillers, rng, key, before+2, after)...)
+	x := startLock(ctx, between.Lock, key)
+	waitKeysQueued(t, admin, rng, before+after+3, append(ahead, w1)...)
+	w2 := startWait(ctx, waiters, key)
+	waitKeysQueued(t, admin, rng, before+after+4, append(ahead, w1, w2)...)
+
+	mustUnlock(t, ctx, h)
+	for i, p := range append(ahead, w1) {
+		if _, err := p.within(t, 10*time.Second, "a Wait ahead of the Lock"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
+		}
+	}
+	g := x.granted(t, "the Lock between the Waits")
+	keysUnder(t, admin, rng)
+	if w2.returned() {
+		t.Fatalf("the second Wait returned (%v) while the Lock queued ahead of it holds the key", w2.err)
+	}
+	released := time.Now()
+	mustUnlock(t, ctx, g)
+	if _, err := w2.within(t, 10*time.Second, "the second Wait"); err != nil {
+		t.Fatalf("the second Wait: %v", err)
+	}
+	if w2.at.Before(released) {
+		t.Fatalf("the second Wait returned %v before the Lock ahead of it was released", released.Sub(w2.at))
+	}
+	if n, _ := rw.count(); n != 0 {
+		t.Fatalf("%d reads of the whole queue through the Waits' Locker, want none: the second Wait read it once the Lock was released, not knowing the front from the first Wait", n)
+	}
+	waitKeys(t, admin, rng, 0, 10*time.Second)
+}
+
+// forgetAll writes and then deletes, in one deletion, more keys under
+// prefix than a Locker's hub remembers deletions of (4096): a read of a
+// queue made before them can no longer be judged against the deletions
+// since, and the hub refuses its subscription.
+func forgetAll(t *testing.T, admin *clientv3.Client, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	const n, batch = 4200, 100
+	for i := 0; i < n; i += batch {
+		var ops []clientv3.Op
+		for j := i; j < i+batch; j++ {
+			ops = append(ops, clientv3.OpPut(prefix+strconv.Itoa(j), ""))
+		}
+		if _, err := admin.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWaitDoesNotBuildOnARefusedRead: a Wait whose read of its whole
+// queue came back too late to be judged (more deletions since than the
+// hub remembers) reads again; until then, a Wait of the same Locker
+// queued behind it must not take its view from it (that read says the
+// queue's front is known, but the first Wait is subscribed to none of
+// it): both wait for the holder.
+func TestWaitDoesNotBuildOnARefusedRead(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	const prefix, key = "/refused", "k"
+	rng := prefix + "/" + key + "/"
+	rw := newRangeWatcher(rng, 2)
+	holder, fillers, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	waiters := newLocker(t, interceptedClient(t, srv, rw.intercept), prefix)
+	ctx := context.Background()
+	h := mustLock(t, ctx, holder, key)
+	ahead := queueWaits(t, ctx, admin, fillers, rng, key, 1, fillerWaits)
+	// A Lock through the Waits' Locker behind another holder: its grant
+	// says that Locker's hub has dispatched every deletion before that
+	// holder's release.
+	h2 := mustLock(t, ctx, other, "mark")
+	mark := startLock(ctx, waiters.Lock, "mark")
+	waitKeys(t, admin, prefix+"/mark/", 2, 10*time.Second)
+
+	w1 := startWait(ctx, waiters, key)
+	rw.awaitHeld(t, 1, w1)
+	forgetAll(t, admin, prefix+"/forget/")
+	mustUnlock(t, ctx, h2)
+	mustUnlock(t, ctx, mark.granted(t, "the Lock behind the deletions"))
+	close(rw.release[0])   // too late to be judged: the Wait reads again,
+	rw.awaitHeld(t, 2, w1) // and that answer is held back too
+	w2 := startWait(ctx, waiters, key)
+	waitKeysQueued(t, admin, rng, fillerWaits+3, w1, w2)
+	keysUnder(t, admin, rng) // a round trip more for the Waits to settle
+	for i, p := range []*pending{w1, w2} {
+		if p.returned() {
+			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
+		}
+	}
+	close(rw.release[1])
+	keysUnder(t, admin, rng)
+	keysUnder(t, admin, rng)
+	for i, p := range []*pending{w1, w2} {
+		if p.returned() {
+			t.Fatalf("Wait %d returned (%v) while the holder holds the key", i+1, p.err)
+		}
+	}
+	released := time.Now()
+	mustUnlock(t, ctx, h)
+	for i, p := range append(ahead, w1, w2) {
+		if _, err := p.within(t, 10*time.Second, "a Wait after the release"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
+		}
+		if p.at.Before(released) {
+			t.Fatalf("Wait %d returned %v before the holder's release", i, released.Sub(p.at))
+		}
+	}
+	waitKeys(t, admin, rng, 0, 10*time.Second)
 }
