@@ -34,13 +34,13 @@ import (
 type queueRead struct {
 	done    chan struct{}    // closed once the fields below are set
 	created map[string]int64 // every key in the range → its creation revision
-	others  []queued         // the keys that are not Waits', newest first
+	others  []readKey        // the keys that are not Waits', newest first
 	rev     int64            // the revision it was read at
 	err     error
 }
 
-// queued is one key of a listing and its creation revision.
-type queued struct {
+// readKey is one key of a listing and its creation revision.
+type readKey struct {
 	key string
 	rev int64
 }
@@ -111,7 +111,7 @@ func (rd *queueRead) sort(kvs []*mvccpb.KeyValue) {
 		k := string(kv.Key)
 		rd.created[k] = kv.CreateRevision
 		if !claimOf(k).turn {
-			rd.others = append(rd.others, queued{k, kv.CreateRevision})
+			rd.others = append(rd.others, readKey{k, kv.CreateRevision})
 		}
 	}
 }
