@@ -9,7 +9,6 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -95,52 +94,22 @@ type feed struct {
 	tokens []uint64 // the holders' tokens in the last Change sent
 }
 
-// follow implements Follow for a Locker or Semaphore on e.
+// follow implements Follow for a Locker or Semaphore on e: the kit runs
+// the feed's life (backend.Core.Follow) around one read of the key's
+// queue and the watch from its revision.
 func (e *engine) follow(ctx context.Context, key string) (<-chan keylock.Change, error) {
-	if ctx == nil {
-		panic("etcdlock: Follow with a nil context")
-	}
-	k := e.k
-	switch {
-	case ctx.Err() != nil:
-		return nil, backend.CallError(ctx, "Follow", key, ctx.Err())
-	case k.Closing().Err() != nil:
-		return nil, backend.CallError(ctx, "Follow", key, fairlock.ErrClosed)
-	}
-	fctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(k.Closing(), cancel)
-	ch := make(chan keylock.Change)
-	f := &feed{e: e, key: key, rng: rangeOf(e.root, key), ch: ch}
-	if err := f.read(fctx); err != nil {
-		stop()
-		cancel()
-		if ctx.Err() == nil && k.Closing().Err() != nil {
-			err = fairlock.ErrClosed
+	return e.k.Follow(ctx, key, func(fctx context.Context, ch chan<- keylock.Change) (func(), error) {
+		f := &feed{e: e, key: key, rng: rangeOf(e.root, key), ch: ch}
+		if err := f.read(fctx); err != nil {
+			return nil, err
 		}
-		return nil, backend.CallError(ctx, "Follow", key, err)
-	}
-	first := f.change(false)
-	// Started under the Core's mutex, where Close marks its beginning:
-	// either Close has begun (and the feed is not started) or its wait
-	// for the Core's goroutines comes after this one is counted.
-	mu := k.Mu()
-	mu.Lock()
-	if k.Closing().Err() != nil {
-		mu.Unlock()
-		stop()
-		cancel()
-		return nil, backend.CallError(ctx, "Follow", key, fairlock.ErrClosed)
-	}
-	k.Go(func() {
-		defer close(ch)
-		defer stop()
-		defer cancel()
-		if f.send(fctx, first) {
-			f.run(fctx)
-		}
+		first := f.change(false)
+		return func() {
+			if f.send(fctx, first) {
+				f.run(fctx)
+			}
+		}, nil
 	})
-	mu.Unlock()
-	return ch, nil
 }
 
 // read replaces the feed's queue with the key's range as one

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/redis/go-redis/v9"
 )
@@ -167,57 +166,25 @@ type feed struct {
 	id   int64         // conn's client id, for CLIENT UNBLOCK
 }
 
-// follow implements Follow for a Locker or Semaphore on e.
+// follow implements Follow for a Locker or Semaphore on e: the kit runs
+// the feed's life (backend.Core.Follow) around followScript's read of
+// the key's holders and the reads of its change log from there.
 func (e *engine) follow(ctx context.Context, key string) (<-chan keylock.Change, error) {
-	if ctx == nil {
-		panic("redislock: Follow with a nil context")
-	}
-	k := e.k
-	switch {
-	case ctx.Err() != nil:
-		return nil, backend.CallError(ctx, "Follow", key, ctx.Err())
-	case k.Closing().Err() != nil:
-		return nil, backend.CallError(ctx, "Follow", key, fairlock.ErrClosed)
-	}
-	fctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(k.Closing(), cancel)
-	ch := make(chan keylock.Change)
-	ttl := k.TTL()
-	n := namesOf(e.esc, key)
-	f := &feed{
-		e: e, key: key, n: n, ch: ch,
-		log:    strings.TrimSuffix(n.queue, "q") + "f",
-		expiry: strconv.FormatInt((2 * ttl).Milliseconds(), 10),
-		period: max(ttl/3, time.Millisecond),
-	}
-	first, err := f.open(fctx, false)
-	if err != nil {
-		stop()
-		cancel()
-		if ctx.Err() == nil && k.Closing().Err() != nil {
-			err = fairlock.ErrClosed
+	return e.k.Follow(ctx, key, func(fctx context.Context, ch chan<- keylock.Change) (func(), error) {
+		ttl := e.k.TTL()
+		n := namesOf(e.esc, key)
+		f := &feed{
+			e: e, key: key, n: n, ch: ch,
+			log:    strings.TrimSuffix(n.queue, "q") + "f",
+			expiry: strconv.FormatInt((2 * ttl).Milliseconds(), 10),
+			period: max(ttl/3, time.Millisecond),
 		}
-		return nil, backend.CallError(ctx, "Follow", key, err)
-	}
-	// Started under the Core's mutex, where Close marks its beginning:
-	// either Close has begun (and the feed is not started) or its wait
-	// for the Core's goroutines comes after this one is counted.
-	mu := k.Mu()
-	mu.Lock()
-	if k.Closing().Err() != nil {
-		mu.Unlock()
-		stop()
-		cancel()
-		return nil, backend.CallError(ctx, "Follow", key, fairlock.ErrClosed)
-	}
-	k.Go(func() {
-		defer close(ch)
-		defer stop()
-		defer cancel()
-		f.run(fctx, first)
+		first, err := f.open(fctx, false)
+		if err != nil {
+			return nil, err
+		}
+		return func() { f.run(fctx, first) }, nil
 	})
-	mu.Unlock()
-	return ch, nil
 }
 
 // open runs followScript: it returns the key's holders as a Change with
