@@ -8,6 +8,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/fairlock"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -32,9 +33,9 @@ type engine struct {
 	size   int64  // a Semaphore's units per key; 0 for a Locker
 	value  string // valuePrefix: the start of every key's value (list.go)
 	seq    atomic.Uint64
-	reads  map[string]*queueRead // key → its Waits' shared read in flight (reads.go); guarded by the Core's mutex
-	leases *leaseKeeper          // the lease: its grant, renewal and replacement (lease.go)
-	hub    hub                   // the watch and its dispatch (hub.go)
+	reads  waitReads    // key → its Waits' shared read in flight (reads.go); guarded by the Core's mutex
+	leases *leaseKeeper // the lease: its grant, renewal and replacement (lease.go)
+	hub    hub          // the watch and its dispatch (hub.go)
 }
 
 // tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
@@ -251,7 +252,7 @@ func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{},
 	defer stop()
 	defer context.AfterFunc(e.k.Closing(), stop)()
 	if want.turn {
-		if rd := e.sharedRead(ctx, c.Key(), rev); rd != nil {
+		if rd := e.reads.join(ctx, e.k.Mu(), c.Key(), rev, e.readQueue(c.Key())); rd != nil {
 			if rd.created[name] != rev { // read at or after its creation: gone
 				return nil, backend.ErrGone
 			}
@@ -488,4 +489,21 @@ func (e *engine) Renew(ctx context.Context, ss []*backend.Session, attempt int) 
 		out = append(out, r)
 	}
 	return out
+}
+
+// readQueue returns a read of key's whole queue, its keys only, newest
+// first, and the revision it was read at, for the Waits' shared reads
+// (reads.go).
+func (e *engine) readQueue(key string) func(context.Context) ([]*mvccpb.KeyValue, int64, error) {
+	return func(ctx context.Context) (kvs []*mvccpb.KeyValue, rev int64, err error) {
+		err = e.attempts(ctx, func(actx context.Context) error {
+			resp, err := e.client.Get(actx, rangeOf(e.root, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
+			if err == nil {
+				kvs, rev = resp.Kvs, resp.Header.Revision
+			}
+			return err
+		})
+		return kvs, rev, err
+	}
 }

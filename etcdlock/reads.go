@@ -2,9 +2,9 @@ package etcdlock
 
 import (
 	"context"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Shared reads of a key's queue, for Waits.
@@ -16,7 +16,7 @@ import (
 // waiting. Waits queued together behind one holder would each read the
 // keys of all those ahead of them: n Waits, n²/2 keys. Instead, the Waits
 // of a Locker that read the same key's queue at the same time share one
-// read: the first starts it (engine.reads holds it while it is in
+// read: the first starts it (waitReads holds it while it is in
 // flight), the others wait for its answer, and each takes from the
 // listing the keys created before its own and whether its own key is
 // still there. A listing read at a revision at or after a Wait's own
@@ -57,36 +57,37 @@ func (rd *queueRead) aheadOf(rev int64) []string {
 	return ahead
 }
 
-// sharedRead returns a read of key's queue made at a revision at least
-// min, which it joins or starts under ctx, or nil if the read it joined
-// or made failed, or was made before min (the caller then reads on its
-// own).
-func (e *engine) sharedRead(ctx context.Context, key string, min int64) *queueRead {
-	mu := e.k.Mu()
+// waitReads are the shared reads in flight, by key: the first Wait to
+// read a key's queue starts one, and the Waits that come while it is in
+// flight join it. It is guarded by the Core's mutex.
+type waitReads map[string]*queueRead
+
+// join returns a read of key's queue made at a revision at least min,
+// which it joins or starts with read under ctx, or nil if the read it
+// joined or made failed, or was made before min (the caller then reads
+// on its own). read returns the queue's keys, newest first, and the
+// revision they were read at. mu is the Core's mutex, which guards rs.
+func (rs *waitReads) join(ctx context.Context, mu *sync.Mutex, key string, min int64, read func(context.Context) ([]*mvccpb.KeyValue, int64, error)) *queueRead {
 	mu.Lock()
-	if e.reads == nil {
-		e.reads = make(map[string]*queueRead)
+	if *rs == nil {
+		*rs = make(waitReads)
 	}
-	rd, joined := e.reads[key], true
+	rd, joined := (*rs)[key], true
 	if rd == nil {
 		rd, joined = &queueRead{done: make(chan struct{})}, false
-		e.reads[key] = rd
+		(*rs)[key] = rd
 	}
 	mu.Unlock()
 	if !joined {
-		err := e.attempts(ctx, func(actx context.Context) error {
-			resp, err := e.client.Get(actx, rangeOf(e.root, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
-			if err == nil {
-				rd.sort(resp.Kvs)
-				rd.rev = resp.Header.Revision
-			}
-			return err
-		})
+		kvs, rev, err := read(ctx)
+		if err == nil {
+			rd.sort(kvs)
+			rd.rev = rev
+		}
 		mu.Lock()
 		rd.err = err
-		if e.reads[key] == rd {
-			delete(e.reads, key)
+		if (*rs)[key] == rd {
+			delete(*rs, key)
 		}
 		mu.Unlock()
 		close(rd.done)
