@@ -269,8 +269,8 @@ func (f *feed) change(gap bool) keylock.Change {
 	c := keylock.Change{At: now, Gap: gap}
 	f.tokens = f.tokens[:0]
 	for i, q := range f.queue {
-		if !held[i] {
-			continue
+		if !held[i] || claims[i].turn {
+			continue // a Wait whose turn has come holds nothing, as in process and on Redis
 		}
 		cl := claims[i]
 		p, at, label := parseValue(string(q.value))

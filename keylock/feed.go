@@ -28,8 +28,9 @@ import (
 type Change struct {
 	// Holders are the calls that hold the key right after the change,
 	// in grant order, each as a Lister lists a held call: its label,
-	// process, mode or units, token and age. Empty: nobody holds the
-	// key (a vacancy).
+	// process, mode or units, token and age. A Wait is never among them
+	// (it holds nothing, even once its turn has come), and its turn is
+	// not a change. Empty: nobody holds the key (a vacancy).
 	Holders []CallInfo
 	// At is when the change was made, as well as this process can tell:
 	// in process, the instant of the grant or release; on a distributed
