@@ -37,42 +37,6 @@ func logKey(prefix, key string) string {
 	return strings.TrimSuffix(redislock.QueueKey(prefix, key), "q") + "f"
 }
 
-// recvChange returns the next Change of ch, failing t after 10 s or if ch
-// closed.
-func recvChange(t *testing.T, ch <-chan keylock.Change) keylock.Change {
-	t.Helper()
-	select {
-	case c, ok := <-ch:
-		if !ok {
-			t.Fatal("the feed closed")
-		}
-		return c
-	case <-time.After(10 * time.Second):
-		t.Fatal("no change within 10 s")
-	}
-	return keylock.Change{}
-}
-
-// tokensOf returns the holders' tokens of c.
-func tokensOf(c keylock.Change) []uint64 {
-	var got []uint64
-	for _, h := range c.Holders {
-		got = append(got, h.Token)
-	}
-	return got
-}
-
-// expectChange fails t unless the next Change of ch has holders with
-// exactly tokens and the gap flag gap.
-func expectChange(t *testing.T, ch <-chan keylock.Change, gap bool, tokens ...uint64) keylock.Change {
-	t.Helper()
-	c := recvChange(t, ch)
-	if got := tokensOf(c); c.Gap != gap || !slices.Equal(got, tokens) {
-		t.Fatalf("change: holders %v, gap %v; want %v, gap %v", got, c.Gap, tokens, gap)
-	}
-	return c
-}
-
 // mustLock locks key through l with ctx, failing t on an error.
 func mustLock(t *testing.T, ctx context.Context, l *redislock.Locker, key string) keylock.Lease {
 	t.Helper()
@@ -113,10 +77,10 @@ func TestFollowEveryChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 
 	g1 := mustLock(t, owner.NewLabeledContext(ctx, "one"), l, "k")
-	c := expectChange(t, ch, false, g1.Token())
+	c := disttest.ExpectChange(t, ch, false, g1.Token())
 	if h := c.Holders[0]; h.Label != "one" || h.Mode != keylock.ModeExclusive || h.Process.Locker == "" || h.Process.PID == 0 || !h.Held {
 		t.Fatalf("the holder: %+v", h)
 	}
@@ -124,34 +88,34 @@ func TestFollowEveryChange(t *testing.T) {
 	awaitQueue(t, admin, prefix, "k", 2, 10*time.Second)
 	mustUnlock(t, g1)
 	g2 := awaitGrant(t, queued, 10*time.Second, "the queued Lock was not granted")
-	if c := expectChange(t, ch, false, g2.Token()); c.Holders[0].Label != "two" {
+	if c := disttest.ExpectChange(t, ch, false, g2.Token()); c.Holders[0].Label != "two" {
 		t.Fatalf("the holder after the hand-over: %+v", c.Holders[0])
 	}
 	mustUnlock(t, g2)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 
 	r1, err := l.RLock(owner.NewLabeledContext(ctx, "r1"), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false, r1.Token())
+	disttest.ExpectChange(t, ch, false, r1.Token())
 	r2, err := other.RLock(owner.NewLabeledContext(ctx, "r2"), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := expectChange(t, ch, false, r1.Token(), r2.Token()); c.Holders[1].Label != "r2" || c.Holders[1].Mode != keylock.ModeShared {
+	if c := disttest.ExpectChange(t, ch, false, r1.Token(), r2.Token()); c.Holders[1].Label != "r2" || c.Holders[1].Mode != keylock.ModeShared {
 		t.Fatalf("the second reader: %+v", c.Holders[1])
 	}
 	mustUnlock(t, r1)
-	expectChange(t, ch, false, r2.Token())
+	disttest.ExpectChange(t, ch, false, r2.Token())
 	mustUnlock(t, r2)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 
 	// A holder whose session expires: its marker deleted, as its TTL
 	// would, with a call queued behind it. Another Locker's Locked
 	// purges it, which grants the queued call: one change.
 	g3 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g3.Token())
+	disttest.ExpectChange(t, ch, false, g3.Token())
 	queued = lockAsync(t, ctx, other, "k")
 	awaitQueue(t, admin, prefix, "k", 2, 10*time.Second)
 	if err := admin.Del(ctx, redislock.MarkerKey(prefix, g3)).Err(); err != nil {
@@ -161,9 +125,9 @@ func TestFollowEveryChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	g4 := awaitGrant(t, queued, 10*time.Second, "the call behind the expired holder was not granted")
-	expectChange(t, ch, false, g4.Token())
+	disttest.ExpectChange(t, ch, false, g4.Token())
 	mustUnlock(t, g4)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g3.Unlock(ctx) // lost: its entry was purged
 
 	s, err := redislock.NewSemaphore(srv.NewClient(t), "follow-units", 5, redislock.WithTTL(testTTL))
@@ -175,16 +139,16 @@ func TestFollowEveryChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, sch, false)
+	disttest.ExpectChange(t, sch, false)
 	a, err := s.Acquire(ctx, "k", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := expectChange(t, sch, false, a.Token()); c.Holders[0].Mode != keylock.ModeUnits || c.Holders[0].Units != 3 {
+	if c := disttest.ExpectChange(t, sch, false, a.Token()); c.Holders[0].Mode != keylock.ModeUnits || c.Holders[0].Units != 3 {
 		t.Fatalf("a Semaphore's holder: %+v", c.Holders[0])
 	}
 	a.Unlock(ctx)
-	expectChange(t, sch, false)
+	disttest.ExpectChange(t, sch, false)
 }
 
 // gapAfterLoss runs a feed of a key under prefix, stops reading it while
@@ -204,9 +168,9 @@ func gapAfterLoss(t *testing.T, prefix string, lose func(ctx context.Context, ad
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g1 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g1.Token())
+	disttest.ExpectChange(t, ch, false, g1.Token())
 
 	// Not reading: the changes wait in the log (and one of them in the
 	// feed's send).
@@ -223,25 +187,25 @@ func gapAfterLoss(t *testing.T, prefix string, lose func(ctx context.Context, ad
 
 	var seen [][]uint64
 	for {
-		c := recvChange(t, ch)
+		c := disttest.RecvChange(t, ch)
 		if c.Gap {
-			if got := tokensOf(c); !slices.Equal(got, []uint64{g5.Token()}) || c.Holders[0].Label != "five" {
+			if got := disttest.TokensOf(c); !slices.Equal(got, []uint64{g5.Token()}) || c.Holders[0].Label != "five" {
 				t.Fatalf("the holders after the gap: %+v, want token %d labelled five", c.Holders, g5.Token())
 			}
 			break
 		}
-		seen = append(seen, tokensOf(c))
+		seen = append(seen, disttest.TokensOf(c))
 		if len(seen) > len(terms) || !slices.Equal(seen[len(seen)-1], terms[len(seen)-1]) {
 			t.Fatalf("before the gap: %v; want a prefix of %v", seen, terms)
 		}
 	}
 	t.Logf("%d of the %d changes read before the gap", len(seen), len(terms))
 	mustUnlock(t, g5)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g6 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g6.Token())
+	disttest.ExpectChange(t, ch, false, g6.Token())
 	mustUnlock(t, g6)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 }
 
 // TestFollowGapOnTrim: entries of the log that the feed had not read are
@@ -282,19 +246,19 @@ func TestFollowGapOnRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g1 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g1.Token())
+	disttest.ExpectChange(t, ch, false, g1.Token())
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	// The server came back empty: nobody holds the key.
-	expectChange(t, ch, true)
+	disttest.ExpectChange(t, ch, true)
 	g1.Unlock(ctx) // lost with the restart
 	g2 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g2.Token())
+	disttest.ExpectChange(t, ch, false, g2.Token())
 	mustUnlock(t, g2)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 }
 
 // TestFollowEndsAndLogExpires: a feed's channel closes when its context
@@ -332,7 +296,7 @@ func TestFollowEndsAndLogExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	cancel()
 	closed(ch, "its context's end")
 
@@ -340,7 +304,7 @@ func TestFollowEndsAndLogExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -375,15 +339,15 @@ func TestFollowCluster(t *testing.T) {
 		if feeds[i], err = follower.Follow(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		expectChange(t, feeds[i], false)
+		disttest.ExpectChange(t, feeds[i], false)
 	}
 	for i, k := range keys {
 		g := mustLock(t, owner.NewLabeledContext(ctx, k), l, k)
-		if c := expectChange(t, feeds[i], false, g.Token()); c.Holders[0].Label != k {
+		if c := disttest.ExpectChange(t, feeds[i], false, g.Token()); c.Holders[0].Label != k {
 			t.Fatalf("the holder of %q: %+v", k, c.Holders[0])
 		}
 		mustUnlock(t, g)
-		expectChange(t, feeds[i], false)
+		disttest.ExpectChange(t, feeds[i], false)
 	}
 	if err := follower.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -425,11 +389,11 @@ func TestFollowWithoutClientCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g.Token())
+	disttest.ExpectChange(t, ch, false, g.Token())
 	mustUnlock(t, g)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	if err := follower.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

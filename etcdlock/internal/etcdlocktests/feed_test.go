@@ -3,7 +3,6 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -27,37 +26,6 @@ func TestElectObserveEveryTerm(t *testing.T) {
 	disttest.ElectObserveEveryTerm(t, newBackend(t, etcdtest.StartServer(t)), "/elect-every-term")
 }
 
-// recvChange returns the next Change of ch, failing t after 10 s or if ch
-// closed.
-func recvChange(t *testing.T, ch <-chan keylock.Change) keylock.Change {
-	t.Helper()
-	select {
-	case c, ok := <-ch:
-		if !ok {
-			t.Fatal("the feed closed")
-		}
-		return c
-	case <-time.After(10 * time.Second):
-		t.Fatal("no change within 10 s")
-	}
-	return keylock.Change{}
-}
-
-// expectChange fails t unless the next Change of ch has holders with
-// exactly tokens and the gap flag gap.
-func expectChange(t *testing.T, ch <-chan keylock.Change, gap bool, tokens ...uint64) keylock.Change {
-	t.Helper()
-	c := recvChange(t, ch)
-	var got []uint64
-	for _, h := range c.Holders {
-		got = append(got, h.Token)
-	}
-	if c.Gap != gap || !slices.Equal(got, tokens) {
-		t.Fatalf("change: holders %v, gap %v; want %v, gap %v", got, c.Gap, tokens, gap)
-	}
-	return c
-}
-
 // TestFollowResumesAfterBrokenWatch: a feed whose watch ends (as a broken
 // connection ends it) while grants come and go watches again from the
 // revision after the last it applied, and reports every one of them, in
@@ -73,9 +41,9 @@ func TestFollowResumesAfterBrokenWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g1 := mustLock(t, owner.NewLabeledContext(ctx, "one"), l, "k")
-	if c := expectChange(t, ch, false, g1.Token()); c.Holders[0].Label != "one" || c.Holders[0].Mode != keylock.ModeExclusive {
+	if c := disttest.ExpectChange(t, ch, false, g1.Token()); c.Holders[0].Label != "one" || c.Holders[0].Mode != keylock.ModeExclusive {
 		t.Fatalf("the holder: %+v", c.Holders[0])
 	}
 
@@ -108,16 +76,16 @@ func TestFollowResumesAfterBrokenWatch(t *testing.T) {
 	}
 	resume()
 
-	expectChange(t, ch, false, g2.Token()) // the hand-over: no vacancy before it
-	expectChange(t, ch, false)
-	expectChange(t, ch, false, r1.Token())
-	c := expectChange(t, ch, false, r1.Token(), r2.Token())
+	disttest.ExpectChange(t, ch, false, g2.Token()) // the hand-over: no vacancy before it
+	disttest.ExpectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false, r1.Token())
+	c := disttest.ExpectChange(t, ch, false, r1.Token(), r2.Token())
 	if c.Holders[1].Label != "r2" || c.Holders[1].Mode != keylock.ModeShared {
 		t.Fatalf("the second reader: %+v", c.Holders[1])
 	}
 	mustUnlock(t, ctx, r1, r2)
-	expectChange(t, ch, false, r2.Token())
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false, r2.Token())
+	disttest.ExpectChange(t, ch, false)
 }
 
 // TestFollowGapOnCompaction: a feed whose watch is down while etcd
@@ -134,9 +102,9 @@ func TestFollowGapOnCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	g1 := mustLock(t, ctx, l, "k")
-	expectChange(t, ch, false, g1.Token())
+	disttest.ExpectChange(t, ch, false, g1.Token())
 
 	resume := testhook.PauseFeeds(follower, 1)
 	mustUnlock(t, ctx, g1)
@@ -152,11 +120,11 @@ func TestFollowGapOnCompaction(t *testing.T) {
 	}
 	resume()
 
-	if c := expectChange(t, ch, true, g3.Token()); c.Holders[0].Label != "three" {
+	if c := disttest.ExpectChange(t, ch, true, g3.Token()); c.Holders[0].Label != "three" {
 		t.Fatalf("the holder after the gap: %+v", c.Holders[0])
 	}
 	mustUnlock(t, ctx, g3)
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 }
 
 // TestFollowEndsWithClose: a feed's channel closes when its Locker's
@@ -168,7 +136,7 @@ func TestFollowEndsWithClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectChange(t, ch, false)
+	disttest.ExpectChange(t, ch, false)
 	if err := l.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
