@@ -209,6 +209,12 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 			return nil // a Turn that GrantTurnsLocked ended
 		}
 		k.mu.Lock()
+		if c.turnDone.Load() {
+			// GrantTurnsLocked ended it after the check above (its books
+			// are closed: a grant taken here would never be released).
+			k.mu.Unlock()
+			return nil
+		}
 		if s := c.session; c.granted && !c.gone && s != nil && !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
 			// Past its session's deadline the entry may have been purged:
 			// the grant is not handed out (the session is about to end).
