@@ -30,10 +30,9 @@ import (
 // memory follows the keys in use, not every key ever locked. The queue
 // comes and goes with the calls (Redis deletes an empty sorted set). A
 // label goes with its entry, whichever script removes it, and the hash
-// with its last label. The set of Waits goes with its last Wait, which
-// its Locker removes once it returned, or ten TTLs after the last
-// enqueue of a Wait or renewal on the key (the Waits of a process that
-// died). A marker is set with the TTL by its session's enqueue, renewed
+// with its last label. The set of Waits goes with its last Wait: a Wait
+// is removed by the script that announces its turn (scripts.go), or by
+// its Locker when it is cancelled. A marker is set with the TTL by its session's enqueue, renewed
 // while the session has calls on the key, and deleted by the script that
 // leaves the queue and the Waits empty; the marker of a session whose last call left while
 // others were queued expires with its TTL. The counter is set by each

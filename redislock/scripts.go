@@ -50,11 +50,16 @@ import (
 // marker expired (purge), so a dead process's entries go the first time
 // anyone looks at them, all at once: each costs no more than its session's
 // TTL, and dead entries do not add up (Redisson's fair lock instead waits
-// out one timeout per dead waiter, redisson/redisson#1353). A dead
-// session's Wait blocks nothing once the entries ahead of it are gone; it
-// goes with the set of Waits, which expires ten TTLs after the last
-// enqueue of a Wait or renewal of a session on the key, or when its
-// Locker's process comes back (the enqueue that sets the marker again).
+// out one timeout per dead waiter, redisson/redisson#1353). A Wait,
+// live or dead, goes when its turn comes (notify removes every Wait below
+// the bound it announces, and the queue's last release the whole set), or
+// when its Locker removes it (a cancelled Wait); a dead session's Wait
+// before then only when its Locker's process comes back (the enqueue
+// that sets the marker again). The set of Waits is empty whenever the
+// queue is, but for one case: the queue itself evicted (an allkeys
+// memory policy) or lost in a restore, which leaves Waits no script
+// removes until the key's queue empties again; the re-read still grants
+// them (its bound is one above the last Wait's).
 //
 // Every script that can change which entries hold the key publishes the
 // entries it newly granted on the Locker prefix's channel, and, when the
