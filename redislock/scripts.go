@@ -179,13 +179,18 @@ local function walk(purge)
 end
 -- bound returns the Waits' bound: every Wait with a token below it has
 -- had its turn. It is the queue's first score, or, with the queue
--- empty, one above the last Wait's (nil with no Wait either). Call it
+-- empty, one above the last Wait's, or, with no Wait either, one above
+-- the key's counter (every token handed out: a Wait whose entry the
+-- release that announced its turn removed, and whose notice its Locker
+-- has not read yet, is covered); nil if the counter is gone too. Call it
 -- after a purging walk, so that the queue's head is live.
 local function bound()
   local b = head()
   if b then return b end
   local t = redis.call('ZRANGE', wq, -1, -1, 'WITHSCORES')
-  return t[2] and tonumber(t[2]) + 1
+  if t[2] then return tonumber(t[2]) + 1 end
+  local n = tonumber(redis.call('GET', tag .. 'n'))
+  return n and n + 1
 end
 local function fmt(x) return string.format('%.0f', x) end
 -- dropWaits removes the Waits with a token below b, and their labels:
