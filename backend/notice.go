@@ -46,27 +46,27 @@ func (k *Core) GrantLocked(c *Call) {
 // not known) keeps the bound and compares its token with it when the
 // reply comes: the notice may overtake the reply, and a notice sent
 // before the Turn's enqueue ran names a bound at or below its token, so
-// no order of the two grants it wrongly. removed says that the engine
-// removed the entries of those Turns itself, with the bound's notice;
-// otherwise the janitor removes them. It takes the Core's mutex and costs
-// one pass over this Locker's calls on key.
-func (k *Core) GrantTurns(key string, bound uint64, removed bool) {
+// no order of the two grants it wrongly. The engine removes the entries
+// of those Turns itself, with the change that moved the bound (the kit
+// leaves nothing of them to the janitor). It takes the Core's mutex and
+// costs one pass over this Locker's calls on key.
+func (k *Core) GrantTurns(key string, bound uint64) {
 	k.mu.Lock()
-	k.GrantTurnsLocked(key, bound, removed)
+	k.GrantTurnsLocked(key, bound)
 	k.mu.Unlock()
 }
 
 // GrantTurnsLocked is GrantTurns with the Core's mutex held.
 //
 // A Turn it grants is ended here, in the same hold of the mutex: its
-// books are closed as the call's end would close them (finish), its
-// entry handed to the janitor, and its call woken to return at once,
+// books are closed as the call's end would close them (finish), and its
+// call woken to return at once,
 // without taking the mutex again. Many Turns woken together would
 // otherwise each take the mutex twice more on their way out, and on few
 // CPUs that convoy, not the engine, would set when the last returns;
 // this is the direct hand-off the in-process lock makes (fairlock's
 // waiters are granted by the releaser, not by themselves).
-func (k *Core) GrantTurnsLocked(key string, bound uint64, removed bool) {
+func (k *Core) GrantTurnsLocked(key string, bound uint64) {
 	cs := k.keys[key]
 	kept := cs[:0]
 	ended := false
@@ -76,7 +76,7 @@ func (k *Core) GrantTurnsLocked(key string, bound uint64, removed bool) {
 			case !c.confirmed:
 				c.turnBound = max(c.turnBound, bound)
 			case c.token < bound:
-				k.endTurnLocked(c, removed)
+				k.endTurnLocked(c)
 				ended = true
 				continue
 			}
@@ -91,27 +91,17 @@ func (k *Core) GrantTurnsLocked(key string, bound uint64, removed bool) {
 	}
 	if ended {
 		k.signalIdle()
-		if !removed {
-			select {
-			case k.kick <- struct{}{}:
-			default:
-			}
-		}
 	}
 }
 
-// endTurnLocked ends c, a queued Turn whose turn has come, for its call:
-// what wait and finish would do for it but taking it out of its key's
-// list (the caller does), and the janitor's kick; its entry is left to
-// the janitor unless removed. The Core's mutex must be held.
-func (k *Core) endTurnLocked(c *Call, removed bool) {
-	e := c.entry()
+// endTurnLocked ends c, a queued Turn whose turn has come and whose
+// entry the engine removed, for its call: what wait and finish would do
+// for it but taking it out of its key's list (the caller does). The
+// Core's mutex must be held.
+func (k *Core) endTurnLocked(c *Call) {
 	k.retireLocked(c)
 	c.state = released
 	k.calls--
-	if !removed {
-		k.janitor[e.ID] = cleanup{entry: e}
-	}
 	c.turnDone.Store(true)
 	c.signal()
 }

@@ -36,7 +36,7 @@ func TestTurnEndedWhileItsGrantIsTaken(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- k.wait(ctx, c, nil) }()
 	awaitBlockedInWait(t)
-	k.GrantTurnsLocked("k", 10, true)
+	k.GrantTurnsLocked("k", 10)
 	k.mu.Unlock()
 	err = recvWithin(t, done, 10*time.Second)
 	k.finish(c, err)

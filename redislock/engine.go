@@ -207,7 +207,7 @@ func (e *engine) release(ctx context.Context, key, member string) (bool, error) 
 		return false, fmt.Errorf("redislock: unexpected reply %v from the release script", v)
 	}
 	if b, _ := v[1].(int64); b > 0 {
-		e.k.GrantTurns(key, uint64(b), true)
+		e.k.GrantTurns(key, uint64(b))
 	}
 	if len(v) > 2 {
 		granted := make([]string, 0, len(v)-2)

@@ -66,7 +66,7 @@ func (e *engine) listen() {
 		case *redis.Message:
 			if strings.HasPrefix(m.Payload, "@") {
 				if key, bound, ok := e.parseBound(m.Payload); ok {
-					e.k.GrantTurns(key, bound, true)
+					e.k.GrantTurns(key, bound)
 				}
 				continue
 			}

@@ -127,7 +127,7 @@ func (e *engine) renewOn(ctx context.Context, srv redis.Cmdable, js []*renewal) 
 			// absence could count as a loss.
 			if len(v) > 1 {
 				if b, _ := v[1].(int64); b > 0 {
-					e.k.GrantTurns(j.key, uint64(b), true)
+					e.k.GrantTurns(j.key, uint64(b))
 				}
 			}
 			for _, m := range v[min(2, len(v)):] {
@@ -195,7 +195,7 @@ func (e *engine) Check(ctx context.Context, waiting []*backend.Call) {
 		}
 		e.k.Granted(holders...)
 		if bound > 0 {
-			e.k.GrantTurns(td.key, bound, true)
+			e.k.GrantTurns(td.key, bound)
 		}
 		if !present {
 			e.k.Lose(td.member)
