@@ -79,7 +79,7 @@ func (k *Core) Close(ctx context.Context) error {
 	for _, e := range remaining {
 		k.Cleanup(e, false)
 	}
-	if err := k.sweep(end); err != nil {
+	if _, err := k.sweep(end, true); err != nil {
 		errs = append(errs, fmt.Errorf("%s: Close: remove entries: %w", k.pkg, err))
 	}
 	if k.unreg != nil {

@@ -26,6 +26,18 @@ const CleanupTimeout = 5 * time.Second
 // janitor keeps removing its entry, in case the write is applied late.
 const unknownGrace = time.Minute
 
+// turnRemovalDelay is how long the janitor leaves the entry of a Turn
+// that EndTurnLocked ended before it removes it. A Turn's entry only
+// keeps the Turn's place until its turn comes; after that the engine's
+// grant rule reads it as transparent (the calls behind it are granted as
+// if it were gone), so nothing waits for its removal. One release often
+// frees many Turns at once, in this Locker and in others; removals made as
+// they return would be writes whose notices (etcd's watch events) reach
+// every Locker while those Lockers are still waking the Turns the same
+// release freed, and would delay the last of them. Left for a moment,
+// they go after the burst, in one batch per key (BatchRemover).
+const turnRemovalDelay = 20 * time.Millisecond
+
 // Cleanup records that e must be removed and wakes the janitor; unknown
 // says the write of e has an unknown outcome, so its removal is repeated
 // for a grace period in case the write lands late. Engines call it for
@@ -41,6 +53,20 @@ func (k *Core) Cleanup(e Entry, unknown bool) {
 	k.mu.Lock()
 	k.janitor[e.ID] = cl
 	k.mu.Unlock()
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// cleanupTurnLocked records the entry of a Turn that has finished for the
+// janitor, to be removed after turnRemovalDelay, and wakes the janitor to
+// time it. k.mu is held.
+func (k *Core) cleanupTurnLocked(e Entry) {
+	if e.ID == "" {
+		return
+	}
+	k.janitor[e.ID] = cleanup{entry: e, after: time.Now().Add(turnRemovalDelay)}
 	select {
 	case k.kick <- struct{}{}:
 	default:
@@ -70,27 +96,44 @@ func (k *Core) remove(e Entry) {
 }
 
 // janitorLoop retries recorded removals every second while there are
-// some, until the background context ends.
+// some, makes each deferred one when it is due, until the background
+// context ends.
 func (k *Core) janitorLoop() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	later := time.NewTimer(time.Hour)
+	later.Stop()
+	defer later.Stop()
 	for {
 		select {
 		case <-k.kick:
 		case <-t.C:
+		case <-later.C:
 		case <-k.bg.Done():
 			return
 		}
-		k.sweep(k.bg)
+		next, _ := k.sweep(k.bg, false)
+		if !next.IsZero() {
+			later.Reset(time.Until(next))
+		}
 	}
 }
 
 // sweep tries every recorded removal once, until ctx ends, and returns
-// the last error.
-func (k *Core) sweep(ctx context.Context) error {
+// the time the first removal it deferred is due (zero if none) and the
+// last error. With all it defers none.
+func (k *Core) sweep(ctx context.Context, all bool) (time.Time, error) {
 	k.mu.Lock()
 	todo := make(map[string][]cleanup)
+	now := time.Now()
+	var next time.Time
 	for _, cl := range k.janitor {
+		if !all && cl.after.After(now) {
+			if next.IsZero() || cl.after.Before(next) {
+				next = cl.after
+			}
+			continue
+		}
 		todo[cl.entry.Key] = append(todo[cl.entry.Key], cl)
 	}
 	k.mu.Unlock()
@@ -98,7 +141,7 @@ func (k *Core) sweep(ctx context.Context) error {
 	var last error
 	for key, cls := range todo {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return next, ctx.Err()
 		}
 		rctx, cancel := context.WithTimeout(ctx, CleanupTimeout)
 		var done []cleanup
@@ -131,5 +174,5 @@ func (k *Core) sweep(ctx context.Context) error {
 		}
 		k.mu.Unlock()
 	}
-	return last
+	return next, last
 }

@@ -148,3 +148,24 @@ func (k *Core) WrittenLocked(fn func(c *Call) bool) {
 		}
 	}
 }
+
+// EndTurnLocked ends c, a Turn (Wait) whose entry is confirmed and still
+// queued, because the engine judged that its turn has come: in the same
+// hold of the mutex, as GrantTurnsLocked ends the Turns below a bound, so
+// that many Turns freed by one notice return without each taking the
+// mutex twice more. Its entry goes to the janitor, which removes it
+// after turnRemovalDelay with the other finished Turns' of its key, in
+// one sweep (BatchRemover). It
+// reports false, changing nothing, for any other call: the engine then
+// grants it with GrantLocked. The Core's mutex must be held.
+func (k *Core) EndTurnLocked(c *Call) bool {
+	if c.mode != Turn || c.state != queued || !c.confirmed || c.gone || c.turnDone.Load() {
+		return false
+	}
+	e := c.entry()
+	k.forgetLocked(c)
+	k.endTurnLocked(c)
+	k.cleanupTurnLocked(e)
+	k.signalIdle()
+	return true
+}

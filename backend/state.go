@@ -313,6 +313,7 @@ type Renewal struct {
 type cleanup struct {
 	entry Entry
 	until time.Time // keep removing until then (a write that may still land); zero: once
+	after time.Time // not before then (a finished Turn's: turnRemovalDelay); zero: at once
 }
 
 // Session is one session of a Locker in its engine. Engines make them
