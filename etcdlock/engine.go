@@ -38,7 +38,7 @@ type engine struct {
 	hub    hub          // the watch and its dispatch (hub.go)
 }
 
-// tryRounds bounds the ranges a shared TryRLock or TryAcquire judges
+// tryRounds bounds the ranges a Try form judges
 // before it fails with ErrWouldBlock: each round that finds room is
 // refused only if another call joined the key meanwhile.
 const tryRounds = 8
@@ -47,9 +47,9 @@ const tryRounds = 8
 // also reads the keys ahead of it (limitOf: the nearest aheadLimit for an
 // exclusive call, the nearest waitAheadLimit for a Wait, every one for
 // shared calls and units), and leaves them in c's waiter state for
-// WatchLocked. A TryLock writes only if the
-// key's range is empty; a shared Try form writes only if no call joined
-// the range since it judged it (up to tryRounds ranges); a Wait writes
+// WatchLocked. A Try form writes only if the key's range is empty, or
+// if no call joined the range since it judged that the call would be
+// granted there (up to tryRounds ranges); a Wait writes
 // only if the range is not empty. A write that finds the lease gone ends
 // its session and tries again under the next lease.
 func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued, error) {
@@ -62,8 +62,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		listOpts = append(listOpts, clientv3.WithLimit(n+1)) // and the call's own key
 	}
 	list := clientv3.OpGet(r, listOpts...)
-	exclusive := want == claim{} || want.turn
-	var seen int64 // a shared TryRLock or TryAcquire: the revision of the range it judged
+	var seen int64 // a Try form: the revision of the range it judged
 	rounds := 0    // and how many ranges it has judged
 	bound := attemptBound(e.k.TTL())
 	for {
@@ -78,8 +77,6 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		build := func(tctx context.Context) clientv3.Txn {
 			txn := e.client.Txn(tctx)
 			switch {
-			case c.Try() && exclusive:
-				return txn.If(free).Then(put)
 			case c.Try():
 				// Written only if no call joined the range after the
 				// revision it was judged at (seen; 0: only if it is
@@ -124,24 +121,30 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 		if !wrote && want.turn {
 			return backend.Enqueued{Free: true}, nil
 		}
-		if !wrote && exclusive {
-			return backend.Enqueued{}, fairlock.ErrWouldBlock
-		}
 		if !wrote {
-			// Judge the range: room now for c beside every call on it?
-			// (Newest first: oldest ends as the oldest Semaphore call's
-			// size.)
+			// Judge the range: would c be granted now, behind every
+			// call on it? Oldest first (the read is newest first): the
+			// Waits at the head have had their turn and are
+			// transparent; a Wait behind another call waits, and a Try
+			// form never goes beside it; the others weigh as they
+			// would on c once it is queued (weigh). A range longer
+			// than the read (an exclusive call's) is judged busy.
+			rr := resp.Responses[0].GetResponseRange()
 			var weight total
-			var oldest int64
-			for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-				a := claimOf(string(kv.Key))
-				if a.turn {
-					weight.add(1) // a Wait in the queue: a Try form never goes beside it
-				} else {
-					weight.add(want.weigh(string(kv.Key)))
-				}
-				if a.size > 0 {
-					oldest = a.size
+			var oldest int64 // the size of the oldest Semaphore call
+			blocked, lead := rr.More, true
+			for i := len(rr.Kvs) - 1; i >= 0; i-- {
+				name := string(rr.Kvs[i].Key)
+				switch a := claimOf(name); {
+				case a.turn && lead:
+				case a.turn:
+					blocked = true
+				default:
+					lead = false
+					weight.add(want.weigh(name))
+					if a.size > 0 && oldest == 0 {
+						oldest = a.size
+					}
 				}
 			}
 			if other := want.otherSize(oldest); other != 0 {
@@ -150,7 +153,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 			// A key that calls keep joining between the two
 			// transactions is busy: after tryRounds judged ranges the
 			// call fails as blocked rather than spin until ctx ends.
-			if rounds++; !weight.atMost(want.room()) || rounds > tryRounds {
+			if rounds++; blocked || !weight.atMost(want.room()) || rounds > tryRounds {
 				return backend.Enqueued{}, fairlock.ErrWouldBlock
 			}
 			seen = resp.Header.Revision
@@ -229,7 +232,9 @@ func (e *engine) judgeLocked(c *backend.Call, w *waiter) {
 	}
 	if w.complete {
 		w.turnCame = true
-		e.k.GrantLocked(c)
+		if !w.claim.turn || !e.k.EndTurnLocked(c) {
+			e.k.GrantLocked(c)
+		}
 	} else {
 		e.k.RefreshLocked(c)
 	}

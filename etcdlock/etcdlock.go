@@ -190,21 +190,35 @@ func start(op string, client *clientv3.Client, prefix string, size int64, opts [
 }
 
 // Locked reports whether key has a holder or a queued call in any process
-// at this instant: whether its range under the prefix holds a key. It is
-// one linearizable read (a count, no keys transferred). It returns an
-// error wrapping the context's or etcd's error if the read fails. A nil
-// ctx panics, as in Lock.
+// at this instant: whether its range under the prefix holds a key that is
+// not a Wait's whose turn has come (the keys of Waits at the head of the
+// queue hold nothing, and their Lockers remove them a moment after the
+// Waits return). It is one linearizable read of the oldest keys of the
+// range, names only, and a read of the whole range only when those are
+// all Waits' and there are more. It returns an error wrapping the
+// context's or etcd's error if a read fails. A nil ctx panics, as in
+// Lock.
 func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 	if ctx == nil {
 		panic("etcdlock: Locked with a nil context")
 	}
-	var resp *clientv3.GetResponse
-	err := l.e.attempts(ctx, func(actx context.Context) (err error) {
-		resp, err = l.e.client.Get(actx, rangeOf(l.e.root, key), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		return err
-	})
-	if err != nil {
-		return false, backend.CallError(ctx, "Locked", key, err)
+	for limit := int64(aheadLimit); ; limit = 0 {
+		var resp *clientv3.GetResponse
+		err := l.e.attempts(ctx, func(actx context.Context) (err error) {
+			resp, err = l.e.client.Get(actx, rangeOf(l.e.root, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(limit))
+			return err
+		})
+		if err != nil {
+			return false, backend.CallError(ctx, "Locked", key, err)
+		}
+		for _, kv := range resp.Kvs {
+			if !claimOf(string(kv.Key)).turn {
+				return true, nil
+			}
+		}
+		if !resp.More {
+			return false, nil
+		}
 	}
-	return resp.Count > 0, nil
 }

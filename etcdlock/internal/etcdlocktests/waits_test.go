@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -28,25 +30,8 @@ import (
 func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	admin := srv.Client(t)
-	release := make(chan struct{})
-	var once sync.Once
-	releaseDeletes := func() { once.Do(func() { close(release) }) }
+	holdWaitDeletes, releaseDeletes := waitDeletesHeld()
 	defer releaseDeletes() // before the Lockers' Close, in t.Cleanup
-	holdWaitDeletes := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if tr, ok := req.(*etcdserverpb.TxnRequest); ok {
-			for _, op := range append(tr.Success, tr.Failure...) {
-				if d := op.GetRequestDeleteRange(); d != nil && strings.HasSuffix(string(d.Key), "-w") {
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-					break
-				}
-			}
-		}
-		return invoke(ctx, method, req, reply, cc, opts...)
-	}
 	const prefix, key, n = "/waits", "hot", 5
 	waiters := newLocker(t, interceptedClient(t, srv, holdWaitDeletes), prefix)
 	holder, behind := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
@@ -86,6 +71,81 @@ func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 	}
 	mustUnlock(t, ctx, g)
 	waitKeys(t, admin, prefix+"/", 0, 10*time.Second)
+}
+
+// waitDeletesHeld returns a gRPC client interceptor that holds back every
+// transaction deleting a Wait's key until release is called (or the
+// request's context ends).
+func waitDeletesHeld() (hold grpc.UnaryClientInterceptor, release func()) {
+	released := make(chan struct{})
+	var once sync.Once
+	hold = func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if tr, ok := req.(*etcdserverpb.TxnRequest); ok {
+			for _, op := range append(tr.Success, tr.Failure...) {
+				if d := op.GetRequestDeleteRange(); d != nil && strings.HasSuffix(string(d.Key), "-w") {
+					select {
+					case <-released:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					break
+				}
+			}
+		}
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+	return hold, func() { once.Do(func() { close(released) }) }
+}
+
+// TestTryFormsAroundWaits: a Try form is granted only where its call,
+// queued, would be granted at once. While a holder holds the key and a
+// Wait is queued behind it, TryLock fails with ErrWouldBlock. Once the
+// holder is gone, with only the Wait's key left in the range (its turn
+// has come; its deletion held back), Locked reports the key free, and
+// TryLock and TryRLock are granted: a Wait whose turn has come is
+// transparent to Try forms as to every other call.
+func TestTryFormsAroundWaits(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	holdWaitDeletes, releaseDeletes := waitDeletesHeld()
+	defer releaseDeletes()
+	ctx := context.Background()
+	{
+		const prefix, key = "/try-lock", "k"
+		waiters := newLocker(t, interceptedClient(t, srv, holdWaitDeletes), prefix)
+		holder, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+		h := mustLock(t, ctx, holder, key)
+		wait := make(chan error, 1)
+		go func() { wait <- waiters.Wait(ctx, key) }()
+		waitKeys(t, admin, prefix+"/", 2, 10*time.Second)
+		if g, err := other.TryLock(ctx, key); !errors.Is(err, fairlock.ErrWouldBlock) {
+			mustUnlock(t, ctx, g)
+			t.Fatalf("TryLock while held: (%v, %v), want ErrWouldBlock", g, err)
+		}
+		mustUnlock(t, ctx, h)
+		if err := <-wait; err != nil {
+			t.Fatalf("Wait: %v", err)
+		}
+		if keys := keysUnder(t, admin, prefix+"/"); len(keys) != 1 {
+			t.Fatalf("keys after the Wait returned, its deletion held back: %q, want the Wait's", keys)
+		}
+		if locked, err := other.Locked(ctx, key); err != nil || locked {
+			t.Fatalf("Locked with only a Wait whose turn came on the key: (%v, %v), want false", locked, err)
+		}
+		g, err := other.TryLock(ctx, key)
+		if err != nil {
+			t.Fatalf("TryLock with only a Wait whose turn came on the key: %v", err)
+		}
+		if locked, err := other.Locked(ctx, key); err != nil || !locked {
+			t.Fatalf("Locked while held: (%v, %v), want true", locked, err)
+		}
+		mustUnlock(t, ctx, g)
+		r, err := other.TryRLock(ctx, key)
+		if err != nil {
+			t.Fatalf("TryRLock with only a Wait whose turn came on the key: %v", err)
+		}
+		mustUnlock(t, ctx, r)
+	}
 }
 
 // fillerWaits is how many Waits the tests below queue ahead of the ones
