@@ -16,3 +16,10 @@ package testhook
 // listing it rebuilds its subscriptions from. It returns once the watch
 // is down.
 var PauseWatch func(l any) (resume func())
+
+// Unsettled returns how many of l's calls on key (l an *etcdlock.Locker
+// or *etcdlock.Semaphore) still have to read their queue before a release
+// can reach them through the watch alone: queued calls whose subscription
+// is not that of their last read. A benchmark of a release waits for
+// none, so that it times the release, not the end of the enqueues.
+var Unsettled func(l any, key string) int

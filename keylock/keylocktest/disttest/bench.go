@@ -15,7 +15,10 @@ import (
 // WaitsReleased benchmarks one release freeing n Waits queued behind the
 // holder of a key, through lockers (the holder's is the first; the Waits
 // go round the others, or the first if it is alone); calls counts the
-// calls holding or queued on a key, as Backend.Calls does. Each
+// calls holding or queued on a key, as Backend.Calls does, but a queued
+// call only once its Locker is ready for the release (a backend whose
+// calls read their queue after they queue counts a call once it has),
+// so that the release is timed from a queue at rest. Each
 // iteration measures, on fresh keys and in this order, when roundTrip is
 // not nil, one round trip to the engine (roundTrip makes one: a PING, a
 // read of one key), a release with one Wait queued, and a release with n
@@ -28,7 +31,9 @@ import (
 // moves them little: ms/release (n Waits), ms/release-of-1,
 // ms/round-trip, and the median of the ratios, per iteration, of the
 // release of n to the release of one (x-release-of-1) and to the round
-// trip (round-trips/release). With roundTrip (a backend across
+// trip (round-trips/release), and of what the release of n takes beyond
+// the release of one, in round trips (round-trips-beyond-release-of-1:
+// the cost of the n-1 more Waits). With roundTrip (a backend across
 // processes), each iteration also releases n Waits on one fairlock.Locker
 // in this process, the cost of waking n goroutines that the backend pays
 // too, and it reports that release's median (ms/in-process) and the
@@ -46,7 +51,7 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 	if len(lockers) > 1 {
 		waiters = lockers[1:]
 	}
-	var many, one, rtts, ofOne, ofRTT, local, beyond []float64
+	var many, one, rtts, ofOne, ofRTT, overOne, local, beyond []float64
 	var inProcess func(i int) time.Duration
 	if roundTrip != nil {
 		l := fairlock.New[string]()
@@ -75,6 +80,7 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 		if roundTrip != nil {
 			rtts = append(rtts, ms(rtt))
 			ofRTT = append(ofRTT, float64(dn)/float64(rtt))
+			overOne = append(overOne, float64(dn-d1)/float64(rtt))
 			din := inProcess(i)
 			local = append(local, ms(din))
 			beyond = append(beyond, float64(dn-din)/float64(rtt))
@@ -86,6 +92,7 @@ func WaitsReleased(b *testing.B, n int, lockers []keylock.Locker, calls func(key
 	if roundTrip != nil {
 		b.ReportMetric(median(rtts), "ms/round-trip")
 		b.ReportMetric(median(ofRTT), "round-trips/release")
+		b.ReportMetric(median(overOne), "round-trips-beyond-release-of-1")
 		b.ReportMetric(median(local), "ms/in-process")
 		b.ReportMetric(median(beyond), "round-trips-beyond-in-process")
 	}
