@@ -58,12 +58,14 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 	free := clientv3.Compare(clientv3.CreateRevision(r), "=", 0).WithPrefix()
 	listOpts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
+	whole := clientv3.OpGet(r, listOpts...) // the range's keys, newest first
+	list := whole
 	if n := limitOf(want); n > 0 {
-		listOpts = append(listOpts, clientv3.WithLimit(n+1)) // and the call's own key
+		list = clientv3.OpGet(r, append(listOpts, clientv3.WithLimit(n+1))...) // and the call's own key
 	}
-	list := clientv3.OpGet(r, listOpts...)
-	var seen int64 // a Try form: the revision of the range it judged
-	rounds := 0    // and how many ranges it has judged
+	tryList := list // what a Try form reads of a range it is refused
+	var seen int64  // a Try form: the revision of the range it judged
+	rounds := 0     // and how many ranges it has judged
 	bound := attemptBound(e.k.TTL())
 	for {
 		s, err := e.leases.Current(ctx)
@@ -82,7 +84,7 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 				// revision it was judged at (seen; 0: only if it is
 				// empty); else the range comes back to be judged again.
 				unchanged := clientv3.Compare(clientv3.CreateRevision(r), "<", seen+1).WithPrefix()
-				return txn.If(unchanged).Then(put).Else(list)
+				return txn.If(unchanged).Then(put).Else(tryList)
 			case want.turn:
 				return txn.If(free).Else(put, list)
 			}
@@ -127,12 +129,26 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 			// Waits at the head have had their turn and are
 			// transparent; a Wait behind another call waits, and a Try
 			// form never goes beside it; the others weigh as they
-			// would on c once it is queued (weigh). A range longer
-			// than the read (an exclusive call's) is judged busy.
+			// would on c once it is queued (weigh).
 			rr := resp.Responses[0].GetResponseRange()
+			if rr.More {
+				// An exclusive call's read, the newest keys only: busy,
+				// unless they are all Waits', whose older keys may be
+				// too. That is judged from the whole range, read next.
+				for _, kv := range rr.Kvs {
+					if !claimOf(string(kv.Key)).turn {
+						return backend.Enqueued{}, fairlock.ErrWouldBlock
+					}
+				}
+				tryList = whole
+				if rounds++; rounds > tryRounds {
+					return backend.Enqueued{}, fairlock.ErrWouldBlock
+				}
+				continue
+			}
 			var weight total
 			var oldest int64 // the size of the oldest Semaphore call
-			blocked, lead := rr.More, true
+			blocked, lead := false, true
 			for i := len(rr.Kvs) - 1; i >= 0; i-- {
 				name := string(rr.Kvs[i].Key)
 				switch a := claimOf(name); {
@@ -244,7 +260,8 @@ func (e *engine) judgeLocked(c *backend.Call, w *waiter) {
 // keys ahead of it) and subscribes from there, as WatchLocked. A Wait
 // reads all of it, in a read shared with the Waits of this Locker that
 // read the same key's queue at the same time (reads.go); another call,
-// as many keys as it reads when it queues (limitOf).
+// as many keys as it reads when it queues (limitOf), reading on past
+// keys of Waits, which do not keep it waiting.
 func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{}, error) {
 	mu := e.k.Mu()
 	mu.Lock()
@@ -269,27 +286,50 @@ func (e *engine) Refresh(ctx context.Context, c *backend.Call) (<-chan struct{},
 	if want.turn {
 		limit = 0
 	}
-	var resp *clientv3.TxnResponse
-	err := e.attempts(ctx, func(actx context.Context) (err error) {
-		resp, err = e.client.Txn(actx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
-			clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(rev-1),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limit))).Commit()
-		return err
-	})
-	switch {
-	case err != nil && e.client.Ctx().Err() != nil:
-		return nil, backend.Final(err)
-	case err != nil:
-		return nil, err
-	case !resp.Succeeded:
-		return nil, backend.ErrGone
-	}
-	rr := resp.Responses[0].GetResponseRange()
+	// An exclusive call reads the nearest limit keys ahead of it. If none
+	// of them keeps it waiting (they are all Waits', which weigh nothing
+	// for it) and there are more, it reads on past them, four times as
+	// many each time, until it finds one that does or reaches the front:
+	// judged on those alone it would be ready but not complete, and read
+	// the same keys again for as long as the calls further ahead hold.
+	// The subscription is judged from the first read's revision: a key
+	// that a later read no longer finds was deleted after it.
 	var ahead []string
-	for _, kv := range rr.Kvs {
-		ahead = append(ahead, string(kv.Key))
+	var at int64
+	complete := false
+	for below := rev - 1; ; {
+		var resp *clientv3.TxnResponse
+		err := e.attempts(ctx, func(actx context.Context) (err error) {
+			resp, err = e.client.Txn(actx).If(isOwner(name, rev)).Then(clientv3.OpGet(rangeOf(e.root, c.Key()),
+				clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(below),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(limit))).Commit()
+			return err
+		})
+		switch {
+		case err != nil && e.client.Ctx().Err() != nil:
+			return nil, backend.Final(err)
+		case err != nil:
+			return nil, err
+		case !resp.Succeeded:
+			return nil, backend.ErrGone
+		}
+		if at == 0 {
+			at = resp.Header.Revision
+		}
+		rr := resp.Responses[0].GetResponseRange()
+		waiting := false // a key read keeps c waiting
+		for _, kv := range rr.Kvs {
+			ahead = append(ahead, string(kv.Key))
+			waiting = waiting || want.weigh(string(kv.Key)) > 0
+		}
+		complete = !rr.More
+		if complete || waiting || limit == 0 || len(rr.Kvs) == 0 {
+			break
+		}
+		below = rr.Kvs[len(rr.Kvs)-1].CreateRevision - 1
+		limit *= 4
 	}
-	return e.resubscribe(c, ahead, !rr.More, resp.Header.Revision)
+	return e.resubscribe(c, ahead, complete, at)
 }
 
 // resubscribe subscribes c from a read of its queue at revision at: the
@@ -299,6 +339,12 @@ func (e *engine) resubscribe(c *backend.Call, ahead []string, complete bool, at 
 	mu := e.k.Mu()
 	mu.Lock()
 	defer mu.Unlock()
+	if !c.Queued() {
+		// Granted, lost, or a Wait ended (EndTurnLocked) while it read:
+		// its call sees that in wait, and subscribing now would watch
+		// again for a call that has no turn to wait for.
+		return nil, nil
+	}
 	w := waiterOf(c)
 	w.ahead, w.complete, w.at = ahead, complete, at
 	ok, news := e.hub.subscribeLocked(c, w)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fairlock/fairlock/etcdlock"
 	"github.com/fairlock/fairlock/etcdlock/etcdtest"
+	"github.com/fairlock/fairlock/etcdlock/internal/testhook"
 	"github.com/fairlock/fairlock/fairlock"
 	"github.com/fairlock/fairlock/keylock"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -22,17 +23,17 @@ import (
 // TestLockBehindWaitsGrantedBeforeTheirKeysGo: with every deletion of a
 // Wait's key held back (a gRPC interceptor on the client of the Locker
 // the Waits come through), the holder's release still grants the Lock
-// queued behind five Waits, on another client: a Wait whose turn has
-// come is transparent to the calls behind it, so they are granted at
-// the release, not one deletion after another. Every Wait's key is still
-// there when the Lock is granted; once the deletions go through, the
-// Waits return.
+// queued behind more Waits than it reads when it queues (manyWaits), on
+// another client: a Wait whose turn has come is transparent to the calls
+// behind it, so they are granted at the release, not one deletion after
+// another. Every Wait's key is still there when the Lock is granted, and
+// every Wait has returned.
 func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	admin := srv.Client(t)
 	holdWaitDeletes, releaseDeletes := waitDeletesHeld()
 	defer releaseDeletes() // before the Lockers' Close, in t.Cleanup
-	const prefix, key, n = "/waits", "hot", 5
+	const prefix, key, n = "/waits", "hot", manyWaits
 	waiters := newLocker(t, interceptedClient(t, srv, holdWaitDeletes), prefix)
 	holder, behind := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
 	ctx := context.Background()
@@ -58,7 +59,6 @@ func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 			t.Fatalf("keys when the Lock behind the Waits was granted: %q, want the %d Waits' first", keys, n)
 		}
 	}
-	releaseDeletes()
 	for range n {
 		select {
 		case err := <-waits:
@@ -66,9 +66,10 @@ func TestLockBehindWaitsGrantedBeforeTheirKeysGo(t *testing.T) {
 				t.Fatalf("Wait: %v", err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatal("a Wait did not return once its key could go")
+			t.Fatal("a Wait did not return at the release, its key's deletion held back")
 		}
 	}
+	releaseDeletes()
 	mustUnlock(t, ctx, g)
 	waitKeys(t, admin, prefix+"/", 0, 10*time.Second)
 }
@@ -97,54 +98,96 @@ func waitDeletesHeld() (hold grpc.UnaryClientInterceptor, release func()) {
 	return hold, func() { once.Do(func() { close(released) }) }
 }
 
+// manyWaits is more Waits than the keys ahead an exclusive call reads
+// when it queues (aheadLimit), so that the keys it reads are all Waits'.
+const manyWaits = 12
+
 // TestTryFormsAroundWaits: a Try form is granted only where its call,
-// queued, would be granted at once. While a holder holds the key and a
-// Wait is queued behind it, TryLock fails with ErrWouldBlock. Once the
-// holder is gone, with only the Wait's key left in the range (its turn
-// has come; its deletion held back), Locked reports the key free, and
-// TryLock and TryRLock are granted: a Wait whose turn has come is
-// transparent to Try forms as to every other call.
+// queued, would be granted at once. While a holder holds the key, with
+// more Waits queued behind it than an exclusive call reads when it
+// queues, TryLock fails with ErrWouldBlock. Once the holder is gone, with
+// only the Waits' keys left in the range (their turn has come; their
+// deletions held back), Locked reports the key free, TryLock and
+// TryRLock are granted, and so is a Lock, at once: a Wait whose turn has
+// come is transparent to every call, however many such keys are ahead.
 func TestTryFormsAroundWaits(t *testing.T) {
 	srv := etcdtest.StartServer(t)
 	admin := srv.Client(t)
 	holdWaitDeletes, releaseDeletes := waitDeletesHeld()
 	defer releaseDeletes()
 	ctx := context.Background()
-	{
-		const prefix, key = "/try-lock", "k"
-		waiters := newLocker(t, interceptedClient(t, srv, holdWaitDeletes), prefix)
-		holder, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
-		h := mustLock(t, ctx, holder, key)
-		wait := make(chan error, 1)
-		go func() { wait <- waiters.Wait(ctx, key) }()
-		waitKeys(t, admin, prefix+"/", 2, 10*time.Second)
-		if g, err := other.TryLock(ctx, key); !errors.Is(err, fairlock.ErrWouldBlock) {
-			mustUnlock(t, ctx, g)
-			t.Fatalf("TryLock while held: (%v, %v), want ErrWouldBlock", g, err)
-		}
-		mustUnlock(t, ctx, h)
-		if err := <-wait; err != nil {
-			t.Fatalf("Wait: %v", err)
-		}
-		if keys := keysUnder(t, admin, prefix+"/"); len(keys) != 1 {
-			t.Fatalf("keys after the Wait returned, its deletion held back: %q, want the Wait's", keys)
-		}
-		if locked, err := other.Locked(ctx, key); err != nil || locked {
-			t.Fatalf("Locked with only a Wait whose turn came on the key: (%v, %v), want false", locked, err)
-		}
-		g, err := other.TryLock(ctx, key)
-		if err != nil {
-			t.Fatalf("TryLock with only a Wait whose turn came on the key: %v", err)
-		}
-		if locked, err := other.Locked(ctx, key); err != nil || !locked {
-			t.Fatalf("Locked while held: (%v, %v), want true", locked, err)
-		}
+	const prefix, key = "/try-lock", "k"
+	rng := rangeUnder(prefix, key)
+	waiters := newLocker(t, interceptedClient(t, srv, holdWaitDeletes), prefix)
+	holder, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	h := mustLock(t, ctx, holder, key)
+	ws := queueWaits(t, ctx, admin, waiters, rng, key, 1, manyWaits)
+	if g, err := other.TryLock(ctx, key); !errors.Is(err, fairlock.ErrWouldBlock) {
 		mustUnlock(t, ctx, g)
-		r, err := other.TryRLock(ctx, key)
-		if err != nil {
-			t.Fatalf("TryRLock with only a Wait whose turn came on the key: %v", err)
+		t.Fatalf("TryLock while held: (%v, %v), want ErrWouldBlock", g, err)
+	}
+	mustUnlock(t, ctx, h)
+	for i, p := range ws {
+		if _, err := p.within(t, 10*time.Second, "a Wait behind the released holder"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
 		}
-		mustUnlock(t, ctx, r)
+	}
+	if keys := keysUnder(t, admin, rng); len(keys) != manyWaits {
+		t.Fatalf("keys after the Waits returned, their deletions held back: %q, want the %d Waits'", keys, manyWaits)
+	}
+	if locked, err := other.Locked(ctx, key); err != nil || locked {
+		t.Fatalf("Locked with only Waits whose turn came on the key: (%v, %v), want false", locked, err)
+	}
+	g, err := other.TryLock(ctx, key)
+	if err != nil {
+		t.Fatalf("TryLock with only Waits whose turn came on the key: %v", err)
+	}
+	if locked, err := other.Locked(ctx, key); err != nil || !locked {
+		t.Fatalf("Locked while held: (%v, %v), want true", locked, err)
+	}
+	mustUnlock(t, ctx, g)
+	r, err := other.TryRLock(ctx, key)
+	if err != nil {
+		t.Fatalf("TryRLock with only Waits whose turn came on the key: %v", err)
+	}
+	mustUnlock(t, ctx, r)
+	mustUnlock(t, ctx, startLock(ctx, other.Lock, key).granted(t, "Lock with only Waits whose turn came on the key"))
+}
+
+// TestLockBehindManyWaitsSettles: a Lock queued behind a holder and more
+// Waits than it reads when it queues (all it reads weigh nothing for it)
+// reads on until it finds the holder, subscribes to it, and then waits
+// for the watch, with no more requests: it settles (testhook.Unsettled)
+// while the holder holds the key. Judged on the nearest keys alone, it
+// would read them again and again for as long as the holder held. At the
+// release it is granted.
+func TestLockBehindManyWaitsSettles(t *testing.T) {
+	srv := etcdtest.StartServer(t)
+	admin := srv.Client(t)
+	const prefix, key = "/settles", "k"
+	rng := rangeUnder(prefix, key)
+	holder, waiters, other := newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix), newLocker(t, srv.Client(t), prefix)
+	ctx := context.Background()
+	h := mustLock(t, ctx, holder, key)
+	ws := queueWaits(t, ctx, admin, waiters, rng, key, 1, manyWaits)
+	lock := startLock(ctx, other.Lock, key)
+	waitKeysQueued(t, admin, rng, manyWaits+2, append(ws, lock)...)
+	deadline := time.Now().Add(10 * time.Second)
+	for testhook.Unsettled(other, key) > 0 {
+		if lock.returned() {
+			t.Fatalf("the Lock behind the holder returned: (%v, %v)", lock.lease, lock.err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Lock behind the holder and the Waits never settled: it keeps reading its queue")
+		}
+		time.Sleep(time.Millisecond) // a poll: Unsettled decides
+	}
+	mustUnlock(t, ctx, h)
+	mustUnlock(t, ctx, lock.granted(t, "the Lock behind the Waits"))
+	for i, p := range ws {
+		if _, err := p.within(t, 10*time.Second, "a Wait"); err != nil {
+			t.Fatalf("Wait %d: %v", i, err)
+		}
 	}
 }
 
