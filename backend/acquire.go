@@ -105,7 +105,7 @@ func (k *Core) begin(ctx context.Context, key string, id owner.ID, mode Mode, w 
 // granted with it).
 func (k *Core) finish(c *Call, err error) {
 	if err == nil && c.turnDone.Load() {
-		return // GrantTurnsLocked ended it
+		return // GrantTurnsLocked or EndTurnLocked ended it
 	}
 	k.mu.Lock()
 	k.calls--
@@ -206,12 +206,13 @@ func (k *Core) wait(ctx context.Context, c *Call, gate <-chan struct{}) error {
 	var pause <-chan time.Time // the backoff before a Refresh is tried again
 	for {
 		if c.turnDone.Load() {
-			return nil // a Turn that GrantTurnsLocked ended
+			return nil // a Turn that GrantTurnsLocked or EndTurnLocked ended
 		}
 		k.mu.Lock()
 		if c.turnDone.Load() {
-			// GrantTurnsLocked ended it after the check above (its books
-			// are closed: a grant taken here would never be released).
+			// GrantTurnsLocked or EndTurnLocked ended it after the check
+			// above (its books are closed: a grant taken here would never
+			// be released).
 			k.mu.Unlock()
 			return nil
 		}
@@ -287,7 +288,7 @@ func (k *Core) requeue(c *Call) error {
 	k.mu.Lock()
 	if c.turnDone.Load() {
 		k.mu.Unlock()
-		return nil // its turn came meanwhile (GrantTurnsLocked)
+		return nil // its turn came meanwhile (GrantTurnsLocked, EndTurnLocked)
 	}
 	e := c.entry()
 	k.retireLocked(c)
@@ -303,8 +304,8 @@ func (k *Core) requeue(c *Call) error {
 func (k *Core) cancel(c *Call, err error) error {
 	k.mu.Lock()
 	if c.turnDone.Load() {
-		// Its turn came first (GrantTurnsLocked ended it): a Wait
-		// that returns nil.
+		// Its turn came first (GrantTurnsLocked or EndTurnLocked ended
+		// it): a Wait that returns nil.
 		k.mu.Unlock()
 		return nil
 	}
