@@ -135,10 +135,8 @@ func (e *engine) Enqueue(ctx context.Context, c *backend.Call) (backend.Enqueued
 				// An exclusive call's read, the newest keys only: busy,
 				// unless they are all Waits', whose older keys may be
 				// too. That is judged from the whole range, read next.
-				for _, kv := range rr.Kvs {
-					if !claimOf(string(kv.Key)).turn {
-						return backend.Enqueued{}, fairlock.ErrWouldBlock
-					}
+				if !onlyWaits(rr.Kvs) {
+					return backend.Enqueued{}, fairlock.ErrWouldBlock
 				}
 				tryList = whole
 				if rounds++; rounds > tryRounds {

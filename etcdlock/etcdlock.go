@@ -212,10 +212,8 @@ func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {
 		if err != nil {
 			return false, backend.CallError(ctx, "Locked", key, err)
 		}
-		for _, kv := range resp.Kvs {
-			if !claimOf(string(kv.Key)).turn {
-				return true, nil
-			}
+		if !onlyWaits(resp.Kvs) {
+			return true, nil
 		}
 		if !resp.More {
 			return false, nil

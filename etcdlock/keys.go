@@ -8,6 +8,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/keylock"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -132,6 +133,17 @@ func claimOf(name string) claim {
 		}
 	}
 	return claim{}
+}
+
+// onlyWaits reports whether every key of kvs is a Wait's (true for none).
+// Keys of Waits at the head of a queue hold nothing: their turn has come.
+func onlyWaits(kvs []*mvccpb.KeyValue) bool {
+	for _, kv := range kvs {
+		if !claimOf(string(kv.Key)).turn {
+			return false
+		}
+	}
+	return true
 }
 
 // room is how much weight of the calls ahead c can be granted beside

@@ -127,11 +127,7 @@ func TestTryFormsAroundWaits(t *testing.T) {
 		t.Fatalf("TryLock while held: (%v, %v), want ErrWouldBlock", g, err)
 	}
 	mustUnlock(t, ctx, h)
-	for i, p := range ws {
-		if _, err := p.within(t, 10*time.Second, "a Wait behind the released holder"); err != nil {
-			t.Fatalf("Wait %d: %v", i, err)
-		}
-	}
+	waitsReturned(t, "a Wait behind the released holder", ws...)
 	if keys := keysUnder(t, admin, rng); len(keys) != manyWaits {
 		t.Fatalf("keys after the Waits returned, their deletions held back: %q, want the %d Waits'", keys, manyWaits)
 	}
@@ -184,11 +180,7 @@ func TestLockBehindManyWaitsSettles(t *testing.T) {
 	}
 	mustUnlock(t, ctx, h)
 	mustUnlock(t, ctx, lock.granted(t, "the Lock behind the Waits"))
-	for i, p := range ws {
-		if _, err := p.within(t, 10*time.Second, "a Wait"); err != nil {
-			t.Fatalf("Wait %d: %v", i, err)
-		}
-	}
+	waitsReturned(t, "a Wait", ws...)
 }
 
 // fillerWaits is how many Waits the tests below queue ahead of the ones
@@ -208,6 +200,17 @@ func queueWaits(t *testing.T, ctx context.Context, admin *clientv3.Client, l *et
 		waitKeysQueued(t, admin, prefix, have+i+1, ps[:i+1]...)
 	}
 	return ps
+}
+
+// waitsReturned waits up to 10 s for each of ps, Waits, to return, and
+// fails the test, naming what, unless each returned nil.
+func waitsReturned(t *testing.T, what string, ps ...*pending) {
+	t.Helper()
+	for i, p := range ps {
+		if _, err := p.within(t, 10*time.Second, what); err != nil {
+			t.Fatalf("%s %d: %v", what, i, err)
+		}
+	}
 }
 
 // startWait runs l.Wait(ctx, key) on a goroutine of its own.
@@ -404,11 +407,7 @@ func TestWaitBuildsOnAWaitAhead(t *testing.T) {
 	waitKeysQueued(t, admin, rng, before+after+4, append(ahead, w1, w2)...)
 
 	mustUnlock(t, ctx, h)
-	for i, p := range append(ahead, w1) {
-		if _, err := p.within(t, 10*time.Second, "a Wait ahead of the Lock"); err != nil {
-			t.Fatalf("Wait %d: %v", i, err)
-		}
-	}
+	waitsReturned(t, "a Wait ahead of the Lock", append(ahead, w1)...)
 	g := x.granted(t, "the Lock between the Waits")
 	keysUnder(t, admin, rng)
 	if w2.returned() {
