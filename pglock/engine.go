@@ -22,7 +22,9 @@ import (
 // before it is sent; its session is the Locker's row in fairlock_sessions
 // (keeper.go), which the kit renews through Renew below. Grants reach the
 // waiting calls through the Locker's listening connection (listen.go),
-// whose notices name the calls they grant; Check re-reads, every third of
+// whose notices name the calls they grant (a Wait named there ends at
+// once, and its row goes a moment later with the other ended Waits' of
+// its key, in one statement: granted, RemoveAll); Check re-reads, every third of
 // the TTL and after that connection came back, each key on which the
 // Locker has a waiting call: once per key, for all of the Locker's calls
 // on it, never once per waiter.
@@ -251,12 +253,43 @@ func (e *engine) checkKey(ctx context.Context, key string, s *backend.Session, i
 			grants = append(grants, id)
 		}
 	}
-	e.k.Granted(grants...)
+	e.granted(grants)
 	for seq, id := range ids {
 		if !found[seq] {
 			e.k.Lose(id)
 		}
 	}
+}
+
+// granted gives the calls ids (entry ids) what a notice or a read found:
+// their rows hold the key. A Wait's turn has come: it ends there
+// (EndTurnLocked), and its row goes to the janitor, which deletes it a
+// moment later with the other ended Waits' rows of its key (RemoveAll);
+// until then the grant rule reads it as transparent. Any other call is
+// granted. It takes the Core's mutex once for all of them, so that the
+// Waits one release frees (a notice names them all) return together.
+func (e *engine) granted(ids []string) {
+	mu := e.k.Mu()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if c := e.k.CallLocked(id); c != nil && !e.k.EndTurnLocked(c) {
+			e.k.GrantLocked(c)
+		}
+	}
+}
+
+// RemoveAll deletes the rows of es, entries of key, in one round trip
+// (releaseAll): the janitor's batch of the Waits one release ended, with
+// whatever else it has to remove on the key. Rows already gone are not
+// an error.
+func (e *engine) RemoveAll(ctx context.Context, key string, es []backend.Entry) error {
+	refs := make([]callRef, len(es))
+	for i, en := range es {
+		refs[i] = refOf(en.ID)
+	}
+	_, err := retried(ctx, func() error { return releaseAll(ctx, e.pool, e.sp, key, refs) })
+	return err
 }
 
 // Shutdown releases the rows of the grants still held (so that the calls
@@ -309,6 +342,7 @@ func (e *engine) List(ctx context.Context, key string) ([]keylock.CallInfo, erro
 }
 
 var (
-	_ backend.Checker = (*engine)(nil)
-	_ backend.Lister  = (*engine)(nil)
+	_ backend.Checker      = (*engine)(nil)
+	_ backend.Lister       = (*engine)(nil)
+	_ backend.BatchRemover = (*engine)(nil)
 )

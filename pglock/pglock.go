@@ -152,7 +152,7 @@ func start(pool *pgxpool.Pool, prefix string, n int64, kind, stem string, opts [
 		for i, r := range refs {
 			ids[i] = r.String()
 		}
-		k.Granted(ids...)
+		e.granted(ids)
 	}
 	up := func() {
 		down = false
@@ -216,9 +216,12 @@ func (e *engine) locked(ctx context.Context, key string) (bool, error) {
 }
 
 // Locked reports whether key has a holder or a queued call in any process
-// at this instant. It is one round trip, which deletes the key's dead
-// rows first (and grants the calls behind them), so a crashed holder's
-// row does not count once its session has expired. It returns an error
+// at this instant: whether the key has a live row that is not a Wait's (a
+// Wait holds nothing; the rows of Waits whose turn has come, which their
+// Lockers delete a moment after the Waits return, keep nobody waiting).
+// It is one round trip, which deletes the key's dead rows first (and
+// grants the calls behind them), so a crashed holder's row does not
+// count once its session has expired. It returns an error
 // wrapping the context's or the database's error if the round trip fails.
 // A nil ctx panics.
 func (l *Locker) Locked(ctx context.Context, key string) (bool, error) {

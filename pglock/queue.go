@@ -159,6 +159,34 @@ func release(ctx context.Context, pool *pgxpool.Pool, s space, key string, ref c
 	return removed, alive, nil
 }
 
+// releaseRowsSQL locks the rows of calls before their key, as
+// releaseRowSQL does one, in id order (so that two of them wait for each
+// other's rows in the same order, never in a cycle). $1 sessions, $2
+// seqs: the calls, pairwise.
+const releaseRowsSQL = `SELECT id FROM fairlock_calls WHERE (session, seq) IN (SELECT * FROM unnest($1::bigint[], $2::bigint[])) ORDER BY id FOR UPDATE`
+
+// releaseAll deletes the rows of the calls refs on key, with the key's
+// dead rows, and announces what that grants (walk.go: releaseAllSQL), as
+// release does for one call: one round trip in one transaction, which
+// waits while a Fence holds one of the rows and then for the key's
+// advisory lock. Rows already gone are skipped. Running it again is
+// harmless. Errors: the database's or the connection's, after which the
+// rows may or may not be gone (run it again).
+func releaseAll(ctx context.Context, pool *pgxpool.Pool, s space, key string, refs []callRef) error {
+	sessions, seqs := make([]int64, len(refs)), make([]int64, len(refs))
+	for i, r := range refs {
+		sessions[i], seqs[i] = r.Session, r.Seq
+	}
+	b := newTx()
+	b.Queue(releaseRowsSQL, sessions, seqs)
+	s.lockKey(b, key)
+	b.Queue(releaseAllSQL, s.prefix, []byte(key), s.channel, sessions, seqs)
+	if err := commit(ctx, pool, b); err != nil {
+		return fmt.Errorf("pglock: release: %w", err)
+	}
+	return nil
+}
+
 // callState is one of a session's calls on a key, as readKey found it.
 type callState struct {
 	Seq     int64
@@ -167,8 +195,10 @@ type callState struct {
 }
 
 // readKey purges key's dead rows, announces what that grants, and
-// reports the number of calls on the key (live rows, and dead ones a
-// Fence still holds) and, for session (0: none), the state of each of
+// reports the number of calls on the key other than Waits (live rows, and
+// dead ones a Fence still holds: a Wait holds nothing, and a Wait whose
+// turn came, whose row stays a moment after it returned, keeps nobody
+// waiting) and, for session (0: none), the state of each of
 // its calls there, in queue order (walk.go: readSQL). A Locker reads a
 // key once for all its calls on it: on a timer (a holder's expiry purged
 // here grants the next calls), and after its listening connection came
@@ -196,10 +226,10 @@ func readKey(ctx context.Context, pool *pgxpool.Pool, s space, key string, sessi
 	return calls, mine, nil
 }
 
-// locked reports whether key has a call holding or queued in any
-// process, after purging its dead rows (so a crashed holder does not
-// count once its session has expired): readKey without a session. One
-// round trip; errors as readKey's.
+// locked reports whether key has a call other than a Wait holding or
+// queued in any process, after purging its dead rows (so a crashed holder
+// does not count once its session has expired): readKey without a
+// session. One round trip; errors as readKey's.
 func locked(ctx context.Context, pool *pgxpool.Pool, s space, key string) (bool, error) {
 	n, _, err := readKey(ctx, pool, s, key, 0)
 	return n > 0, err

@@ -256,6 +256,162 @@ func TestGrantRuleRandom(t *testing.T) {
 	t.Logf("%d of 300 changes announced grants; %d calls left on the key", announced, len(rows))
 }
 
+// TestGrantRuleDeadRandom runs random enqueues (every mode, Try forms),
+// releases of one call or of several at once (releaseAll) and expiries of
+// whole sessions on one key over three sessions, and checks after each
+// statement every call's grant against the model, what enqueue said, and
+// that the statement's notices name exactly the calls it newly granted.
+// An expiry changes nothing by itself: the next statement on the key
+// purges the dead rows (anywhere in the queue, holders and waiters) and
+// announces what that grants, counted from the grants over the rows as
+// they were, dead ones included. Units weigh up to the whole size, so
+// that a row purged from the middle of the queue changes the sums behind
+// it.
+func TestGrantRuleDeadRandom(t *testing.T) {
+	ctx := context.Background()
+	pool, s := setup(t, 0)
+	n := listenTo(t, pool, s, testTTL)
+	var sessions [3]int64
+	for i := range sessions {
+		sessions[i] = newSession(t, pool, s, testTTL)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	const size = 4
+	type qrow struct {
+		row
+		dead bool
+	}
+	var rows []qrow
+	plain := func(rows []qrow) []row {
+		out := make([]row, len(rows))
+		for i, r := range rows {
+			out[i] = r.row
+		}
+		return out
+	}
+	grantSet := func(rows []qrow) map[callRef]bool {
+		set := map[callRef]bool{}
+		for i, g := range model(plain(rows)) {
+			if g {
+				set[rows[i].ref] = true
+			}
+		}
+		return set
+	}
+	purges, batches, announced := 0, 0, 0
+	for op := range 400 {
+		before := grantSet(rows)
+		live := slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return r.dead })
+		purged := len(live) < len(rows)
+		var self callRef // the call enqueued, which is told by enqueue's reply, not a notice
+		switch {
+		case len(live) > 0 && rng.IntN(10) == 0:
+			// A session expires: its rows die where they are.
+			i := rng.IntN(len(sessions))
+			expire(t, pool, sessions[i])
+			for j := range rows {
+				if rows[j].ref.Session == sessions[i] {
+					rows[j].dead = true
+				}
+			}
+			sessions[i] = newSession(t, pool, s, testTTL)
+			continue
+		case len(live) == 0 || (len(live) < 8 && rng.IntN(10) < 6):
+			m := []mode{modeExclusive, modeShared, modeUnits, modeWait}[rng.IntN(4)]
+			var w int64
+			if m == modeUnits {
+				w = 1 + rng.Int64N(size)
+			}
+			try := m != modeWait && rng.IntN(5) == 0
+			ref, out, _ := mustEnqueue(t, pool, s, "k", sessions[rng.IntN(len(sessions))], m, w, size, try)
+			self = ref
+			next := append(slices.Clone(live), qrow{row: row{ref, m, w, size}})
+			g := model(plain(next))
+			wantOut := queued
+			switch {
+			case m == modeWait && !slices.ContainsFunc(live, func(r qrow) bool { return r.m != modeWait }):
+				wantOut = free
+			case g[len(g)-1]:
+				wantOut = granted
+			case try:
+				wantOut = wouldBlock
+			}
+			if out != wantOut {
+				t.Fatalf("op %d: enqueue %s w=%d try=%v on %v: %v, want %v", op, m, w, try, rows, out, wantOut)
+			}
+			if out == granted || out == queued {
+				live = next
+			}
+		case len(live) > 1 && rng.IntN(4) == 0:
+			// Several calls go in one statement, as the janitor removes
+			// the rows of ended Waits with whatever else it has.
+			perm := rng.Perm(len(live))[:2+rng.IntN(len(live)-1)]
+			var refs []callRef
+			for _, i := range perm {
+				refs = append(refs, live[i].ref)
+			}
+			if err := releaseAll(ctx, pool, s, "k", refs); err != nil {
+				t.Fatal(err)
+			}
+			batches++
+			live = slices.DeleteFunc(live, func(r qrow) bool { return slices.Contains(refs, r.ref) })
+		default:
+			// Mostly a holder releases; sometimes a waiter leaves.
+			i := rng.IntN(len(live))
+			if g := model(plain(live)); rng.IntN(10) < 7 {
+				for !g[i] {
+					i = rng.IntN(len(live))
+				}
+			}
+			if !mustRelease(t, pool, s, "k", live[i].ref) {
+				t.Fatalf("op %d: release of %v found no row", op, live[i].ref)
+			}
+			live = slices.Delete(live, i, i+1)
+		}
+		if purged {
+			purges++
+		}
+		rows = live
+		after := grantSet(rows)
+		var want []callRef
+		for _, r := range rows {
+			if after[r.ref] && !before[r.ref] && r.ref != self {
+				want = append(want, r.ref)
+			}
+		}
+		calls, err := listCalls(ctx, pool, s, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotRefs, wantRefs []string
+		for _, c := range calls {
+			gotRefs = append(gotRefs, fmt.Sprintf("%v %s %v", c.Ref, c.Mode, c.Granted))
+		}
+		for _, r := range rows {
+			wantRefs = append(wantRefs, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
+		}
+		if diff := cmp.Diff(wantRefs, gotRefs); diff != "" {
+			t.Fatalf("op %d: queue (-model +listCalls):\n%s", op, diff)
+		}
+		marker := callRef{Session: 0, Seq: int64(op)}
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
+			t.Fatal(err)
+		}
+		n.await(t, marker)
+		got := slices.DeleteFunc(n.take(), func(r callRef) bool { return r == marker })
+		if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("op %d: notices (-want +got):\n%s", op, diff)
+		}
+		if len(want) > 0 {
+			announced++
+		}
+	}
+	t.Logf("%d statements purged dead rows, %d released several calls, %d announced grants; %d calls left", purges, batches, announced, len(rows))
+	if purges < 10 || batches < 10 || announced < 40 {
+		t.Errorf("%d purges, %d batches, %d announcements: the test exercised too little", purges, batches, announced)
+	}
+}
+
 // TestOtherSize checks that units of a semaphore of another size are
 // refused, naming the size queued, and write nothing.
 func TestOtherSize(t *testing.T) {

@@ -112,10 +112,18 @@ func grantedSQL(name, from string) string {
 //	rows    the key's rows, as the statement's snapshot shows them
 //	dead    the dead rows that no Fence holds, locked
 //	gone    the rows deleted: dead, and also's
+//	walk    rows, each with whether it is gone and whether the rule
+//	        grants it among rows (before) and among rows less gone (after)
 //	live    rows less gone
 //	before  granted among rows
 //	after   granted among live
 //	sent    the notices of the rows in after and not in before, sent
+//
+// walk is the rule of grantedSQL computed twice in one pass over the rows
+// in id order (one sort): once over every row, once over the rows not
+// gone, whose aggregates skip the gone rows (FILTER), so that a row's
+// "after" is its grant as if the gone rows were not there. A row is
+// newly granted when it is not gone, granted after and not before.
 //
 // The statement must read sent (a CTE that nothing reads is not run).
 func walkSQL(also string) string {
@@ -135,13 +143,37 @@ dead AS (
 gone AS (
     DELETE FROM fairlock_calls c WHERE c.id IN (` + del + `) RETURNING c.id, c.session, c.seq
 ),
-live AS (SELECT * FROM rows WHERE id NOT IN (SELECT id FROM gone)),
-` + grantedSQL("before", "rows") + `,
-` + grantedSQL("after", "live") + `,
+walk AS (
+    SELECT id, session, seq, mode, weight, size, gone,
+        bool_and(lead_b OR fits_b) OVER o AS before,
+        bool_and(lead_a OR fits_a) FILTER (WHERE NOT gone) OVER o AS after
+    FROM (
+        SELECT *,
+            count(*) FILTER (WHERE NOT lead_b) OVER o = 1
+            OR bool_and(mode = 'r') FILTER (WHERE NOT lead_b) OVER o
+            OR (bool_and(mode = 'u') FILTER (WHERE NOT lead_b) OVER o
+                AND sum(weight) FILTER (WHERE NOT lead_b) OVER o <= size) AS fits_b,
+            count(*) FILTER (WHERE NOT gone AND NOT lead_a) OVER o = 1
+            OR bool_and(mode = 'r') FILTER (WHERE NOT gone AND NOT lead_a) OVER o
+            OR (bool_and(mode = 'u') FILTER (WHERE NOT gone AND NOT lead_a) OVER o
+                AND sum(weight) FILTER (WHERE NOT gone AND NOT lead_a) OVER o <= size) AS fits_a
+        FROM (
+            SELECT *, bool_and(mode = 'w') OVER o AS lead_b,
+                bool_and(mode = 'w') FILTER (WHERE NOT gone) OVER o AS lead_a
+            FROM (SELECT *, id IN (SELECT id FROM gone) AS gone FROM rows) r
+            WINDOW o AS (ORDER BY id)
+        ) a
+        WINDOW o AS (ORDER BY id)
+    ) b
+    WINDOW o AS (ORDER BY id)
+),
+live AS (SELECT id, session, seq, mode, weight, size FROM walk WHERE NOT gone),
+before AS (SELECT id FROM walk WHERE before),
+after AS (SELECT id FROM walk WHERE NOT gone AND after),
 sent AS (
     SELECT pg_notify($3, string_agg(session || ':' || seq, ' ' ORDER BY id)) FROM (
         SELECT id, session, seq, (row_number() OVER (ORDER BY id) - 1) / ` + strconv.Itoa(noticeCalls) + ` AS chunk
-        FROM live WHERE id IN (SELECT id FROM after) AND id NOT IN (SELECT id FROM before)
+        FROM walk WHERE NOT gone AND after AND NOT before
     ) n GROUP BY chunk
 )`
 }
@@ -212,12 +244,18 @@ SELECT EXISTS (SELECT 1 FROM gone WHERE session = $4 AND seq = $5),
     EXISTS (SELECT 1 FROM fairlock_sessions WHERE id = $4 AND expires_at > clock_timestamp()),
     (SELECT count(*) FROM sent)`
 
+// releaseAllSQL deletes calls' rows with the dead ones. Parameters after
+// walkSQL's: $4 sessions, $5 seqs (arrays: the calls, pairwise). It
+// returns the number of notices sent.
+var releaseAllSQL = walkSQL("SELECT id FROM rows WHERE (session, seq) IN (SELECT * FROM unnest($4::bigint[], $5::bigint[]))") + `
+SELECT count(*) FROM sent`
+
 // readSQL purges a key's dead rows, announces what that grants, and
 // reports the key. Parameter after walkSQL's: $4 a session (0: none). It
-// returns the number of live rows, and the seq, id and grant of each of
-// the session's rows on the key, in id order.
+// returns the number of live rows other than Waits', and the seq, id and
+// grant of each of the session's rows on the key, in id order.
 var readSQL = walkSQL("") + `
-SELECT (SELECT count(*) FROM live),
+SELECT (SELECT count(*) FROM live WHERE mode <> 'w'),
     array(SELECT seq FROM live WHERE session = $4 ORDER BY id),
     array(SELECT id FROM live WHERE session = $4 ORDER BY id),
     array(SELECT id IN (SELECT id FROM after) FROM live WHERE session = $4 ORDER BY id),
