@@ -2,7 +2,10 @@ package pglock
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/keylock"
 	"github.com/fairlock/fairlock/keylock/keylocktest/disttest"
@@ -38,4 +41,47 @@ func BenchmarkWaitsReleased(b *testing.B) {
 			return admin.QueryRow(ctx, "SELECT 1").Scan(&one)
 		})
 	})
+}
+
+// BenchmarkQueue: on a key with n exclusive calls queued behind its
+// holder, the holder's release (which grants the next call and announces
+// it) and an enqueue at the tail, as one more waiter arrives, each one
+// round trip on a pool; the queue then has n waiters again, the next
+// holder at its head. ns/op is the release and the enqueue together;
+// release-µs and enqueue-µs their medians. A statement walks the queue
+// from its head to the first call it does not grant (walk.go), so both
+// stay flat as n grows.
+//
+//	go test -run '^$' -bench Queue -benchtime 200x
+func BenchmarkQueue(b *testing.B) {
+	for _, n := range []int{1, 100, 500} {
+		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
+			pool, s := setup(b, 4)
+			sess := newSession(b, pool, s, testTTL)
+			queue := make([]callRef, 0, n+1)
+			for range n + 1 {
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, modeExclusive, 0, 0, false)
+				queue = append(queue, ref)
+			}
+			var rel, enq []time.Duration
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				mustRelease(b, pool, s, "k", queue[0])
+				mid := time.Now()
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, modeExclusive, 0, 0, false)
+				rel, enq = append(rel, mid.Sub(start)), append(enq, time.Since(mid))
+				queue = append(queue[1:], ref)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(medianOf(rel).Microseconds()), "release-µs")
+			b.ReportMetric(float64(medianOf(enq).Microseconds()), "enqueue-µs")
+		})
+	}
+}
+
+// medianOf returns the median of d, which it sorts.
+func medianOf(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)/2]
 }

@@ -96,8 +96,8 @@ func (g *Guard) HandOff(to owner.ID) bool { return g.call().HandOff(to) }
 
 // Unlock releases the grant: one round trip deletes the grant's row by
 // its name (session and number), so it deletes only this grant's row,
-// never a later grant's, even if retried late, purges the key's dead
-// rows, and announces the calls it grants (their Lockers hear of it on
+// never a later grant's, even if retried late, deletes the dead rows at
+// the head of the key's queue, and announces the calls it grants (their Lockers hear of it on
 // their listening connections). It is made with ctx; a nil ctx means
 // context.Background. A round trip whose connection fails is sent again,
 // a few times within ctx. Unlock returns when ctx ends even if the round

@@ -84,8 +84,9 @@ type call struct {
 // enqueue writes c's row on key unless it would be a Try that waits, a
 // Wait with nothing to wait for, or units of the wrong size, and says
 // whether it is granted now (walk.go: enqueueSQL). With try it writes
-// only a row that is granted now, so it never overtakes. It purges the
-// key's dead rows first and announces what that grants.
+// only a row that is granted now, so it never overtakes. It deletes the
+// dead rows at the head of the key's queue first (those its walk meets:
+// walk.go) and announces what that grants.
 //
 // It returns the outcome; the call's token (its row's id) for queued and
 // granted; for otherSize, the size of the semaphore whose units are
@@ -134,8 +135,9 @@ func enqueue(ctx context.Context, pool *pgxpool.Pool, s space, key string, c cal
 // calls on the key go on meanwhile.
 const releaseRowSQL = `SELECT id FROM fairlock_calls WHERE session = $1 AND seq = $2 FOR UPDATE`
 
-// release deletes the row of call ref on key, with the key's dead rows,
-// and announces what that grants (walk.go: releaseSQL). It reports
+// release deletes the row of call ref on key, wherever it is in the
+// queue, with the dead rows at the head of the queue, and announces what
+// that grants (walk.go: releaseSQL). It reports
 // whether the row was there (false: it was never written, or was
 // released or purged already) and whether its session is alive (false:
 // the session expired, so the grant was lost even if the row was still
@@ -165,8 +167,8 @@ func release(ctx context.Context, pool *pgxpool.Pool, s space, key string, ref c
 // seqs: the calls, pairwise.
 const releaseRowsSQL = `SELECT id FROM fairlock_calls WHERE (session, seq) IN (SELECT * FROM unnest($1::bigint[], $2::bigint[])) ORDER BY id FOR UPDATE`
 
-// releaseAll deletes the rows of the calls refs on key, with the key's
-// dead rows, and announces what that grants (walk.go: releaseAllSQL), as
+// releaseAll deletes the rows of the calls refs on key, with the dead
+// rows at the head of the queue, and announces what that grants (walk.go: releaseAllSQL), as
 // release does for one call: one round trip in one transaction, which
 // waits while a Fence holds one of the rows and then for the key's
 // advisory lock. Rows already gone are skipped. Running it again is

@@ -257,16 +257,17 @@ func TestGrantRuleRandom(t *testing.T) {
 }
 
 // TestGrantRuleDeadRandom runs random enqueues (every mode, Try forms),
-// releases of one call or of several at once (releaseAll) and expiries of
-// whole sessions on one key over three sessions, and checks after each
-// statement every call's grant against the model, what enqueue said, and
-// that the statement's notices name exactly the calls it newly granted.
-// An expiry changes nothing by itself: the next statement on the key
-// purges the dead rows (anywhere in the queue, holders and waiters) and
-// announces what that grants, counted from the grants over the rows as
-// they were, dead ones included. Units weigh up to the whole size, so
-// that a row purged from the middle of the queue changes the sums behind
-// it.
+// releases of one call or of several at once (releaseAll), reads and
+// expiries of whole sessions on one key over three sessions, and checks
+// after each statement every call's grant and which rows are left
+// against the model, what enqueue said, and that the statement's notices
+// name exactly the calls it newly granted. An expiry changes nothing by
+// itself: the next statement on the key deletes the dead rows its walk
+// meets (from the head to the first row not granted; walkPurge), or all
+// of them for a read, and announces what that grants, counted from the
+// grants over the rows as they were, dead ones included. Units weigh up
+// to the whole size, so that a row deleted from the middle of the queue
+// changes the sums behind it.
 func TestGrantRuleDeadRandom(t *testing.T) {
 	ctx := context.Background()
 	pool, s := setup(t, 0)
@@ -277,18 +278,7 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	const size = 4
-	type qrow struct {
-		row
-		dead bool
-	}
 	var rows []qrow
-	plain := func(rows []qrow) []row {
-		out := make([]row, len(rows))
-		for i, r := range rows {
-			out[i] = r.row
-		}
-		return out
-	}
 	grantSet := func(rows []qrow) map[callRef]bool {
 		set := map[callRef]bool{}
 		for i, g := range model(plain(rows)) {
@@ -298,14 +288,20 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 		}
 		return set
 	}
-	purges, batches, announced := 0, 0, 0
-	for op := range 400 {
+	alive := func(rows []qrow) []qrow {
+		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return r.dead })
+	}
+	without := func(rows []qrow, refs ...callRef) []qrow {
+		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return slices.Contains(refs, r.ref) })
+	}
+	purges, left, batches, announced := 0, 0, 0, 0
+	for op := range 600 {
 		before := grantSet(rows)
-		live := slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return r.dead })
-		purged := len(live) < len(rows)
+		calls := alive(rows)
+		var live []qrow  // the rows after the statement
 		var self callRef // the call enqueued, which is told by enqueue's reply, not a notice
 		switch {
-		case len(live) > 0 && rng.IntN(10) == 0:
+		case len(calls) > 0 && rng.IntN(8) == 0:
 			// A session expires: its rows die where they are.
 			i := rng.IntN(len(sessions))
 			expire(t, pool, sessions[i])
@@ -316,7 +312,12 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 			}
 			sessions[i] = newSession(t, pool, s, testTTL)
 			continue
-		case len(live) == 0 || (len(live) < 8 && rng.IntN(10) < 6):
+		case rng.IntN(15) == 0:
+			if _, _, err := readKey(ctx, pool, s, "k", 0); err != nil {
+				t.Fatal(err)
+			}
+			live = calls
+		case len(calls) == 0 || (len(calls) < 10 && rng.IntN(10) < 7):
 			m := []mode{modeExclusive, modeShared, modeUnits, modeWait}[rng.IntN(4)]
 			var w int64
 			if m == modeUnits {
@@ -325,11 +326,12 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 			try := m != modeWait && rng.IntN(5) == 0
 			ref, out, _ := mustEnqueue(t, pool, s, "k", sessions[rng.IntN(len(sessions))], m, w, size, try)
 			self = ref
+			live = walkPurge(rows)
 			next := append(slices.Clone(live), qrow{row: row{ref, m, w, size}})
 			g := model(plain(next))
 			wantOut := queued
 			switch {
-			case m == modeWait && !slices.ContainsFunc(live, func(r qrow) bool { return r.m != modeWait }):
+			case m == modeWait && !slices.ContainsFunc(alive(live), func(r qrow) bool { return r.m != modeWait }):
 				wantOut = free
 			case g[len(g)-1]:
 				wantOut = granted
@@ -342,34 +344,37 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 			if out == granted || out == queued {
 				live = next
 			}
-		case len(live) > 1 && rng.IntN(4) == 0:
+		case len(calls) > 1 && rng.IntN(4) == 0:
 			// Several calls go in one statement, as the janitor removes
 			// the rows of ended Waits with whatever else it has.
-			perm := rng.Perm(len(live))[:2+rng.IntN(len(live)-1)]
 			var refs []callRef
-			for _, i := range perm {
-				refs = append(refs, live[i].ref)
+			for _, i := range rng.Perm(len(calls))[:2+rng.IntN(len(calls)-1)] {
+				refs = append(refs, calls[i].ref)
 			}
 			if err := releaseAll(ctx, pool, s, "k", refs); err != nil {
 				t.Fatal(err)
 			}
+			live = walkPurge(without(rows, refs...))
 			batches++
-			live = slices.DeleteFunc(live, func(r qrow) bool { return slices.Contains(refs, r.ref) })
 		default:
 			// Mostly a holder releases; sometimes a waiter leaves.
-			i := rng.IntN(len(live))
-			if g := model(plain(live)); rng.IntN(10) < 7 {
+			i := rng.IntN(len(calls))
+			if g := model(plain(calls)); rng.IntN(10) < 7 {
 				for !g[i] {
-					i = rng.IntN(len(live))
+					i = rng.IntN(len(calls))
 				}
 			}
-			if !mustRelease(t, pool, s, "k", live[i].ref) {
-				t.Fatalf("op %d: release of %v found no row", op, live[i].ref)
+			if !mustRelease(t, pool, s, "k", calls[i].ref) {
+				t.Fatalf("op %d: release of %v found no row", op, calls[i].ref)
 			}
-			live = slices.Delete(live, i, i+1)
+			live = walkPurge(without(rows, calls[i].ref))
 		}
-		if purged {
+		dead, deadLeft := len(rows)-len(calls), len(live)-len(alive(live))
+		if deadLeft < dead {
 			purges++
+		}
+		if deadLeft > 0 {
+			left++
 		}
 		rows = live
 		after := grantSet(rows)
@@ -379,16 +384,19 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 				want = append(want, r.ref)
 			}
 		}
-		calls, err := listCalls(ctx, pool, s, "k")
+		// The rows, with their grants (listCalls computes them over the
+		// live rows; a dead row left behind the walk is behind a row not
+		// granted, so the model's grant of it, as a live row, is false too).
+		listed, err := listCalls(ctx, pool, s, "k")
 		if err != nil {
 			t.Fatal(err)
 		}
 		var gotRefs, wantRefs []string
-		for _, c := range calls {
-			gotRefs = append(gotRefs, fmt.Sprintf("%v %s %v", c.Ref, c.Mode, c.Granted))
+		for _, c := range listed {
+			gotRefs = append(gotRefs, fmt.Sprintf("%v %s %v dead=%v", c.Ref, c.Mode, c.Granted, !c.Alive))
 		}
 		for _, r := range rows {
-			wantRefs = append(wantRefs, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
+			wantRefs = append(wantRefs, fmt.Sprintf("%v %s %v dead=%v", r.ref, r.m, after[r.ref], r.dead))
 		}
 		if diff := cmp.Diff(wantRefs, gotRefs); diff != "" {
 			t.Fatalf("op %d: queue (-model +listCalls):\n%s", op, diff)
@@ -406,10 +414,44 @@ func TestGrantRuleDeadRandom(t *testing.T) {
 			announced++
 		}
 	}
-	t.Logf("%d statements purged dead rows, %d released several calls, %d announced grants; %d calls left", purges, batches, announced, len(rows))
-	if purges < 10 || batches < 10 || announced < 40 {
-		t.Errorf("%d purges, %d batches, %d announcements: the test exercised too little", purges, batches, announced)
+	t.Logf("%d statements deleted dead rows, %d left dead rows behind their walk, %d released several calls, %d announced grants; %d calls left",
+		purges, left, batches, announced, len(rows))
+	if purges < 20 || left < 20 || batches < 20 || announced < 40 {
+		t.Errorf("%d purges, %d left dead rows, %d batches, %d announcements: the test exercised too little", purges, left, batches, announced)
 	}
+}
+
+// qrow is a row of the model with whether its session has expired.
+type qrow struct {
+	row
+	dead bool
+}
+
+// plain returns the rows as the model sees them, dead ones included.
+func plain(rows []qrow) []row {
+	out := make([]row, len(rows))
+	for i, r := range rows {
+		out[i] = r.row
+	}
+	return out
+}
+
+// walkPurge returns rows less the dead rows that a writing statement's
+// walk deletes (walk.go): from the head, every dead row it meets, until
+// the first live row the rule does not grant among the live rows ahead of
+// it; the rows behind that one stay as they are, dead or not.
+func walkPurge(rows []qrow) []qrow {
+	var out []qrow
+	for i, r := range rows {
+		if r.dead {
+			continue
+		}
+		out = append(out, r)
+		if g := model(plain(out)); !g[len(g)-1] {
+			return append(out, rows[i+1:]...)
+		}
+	}
+	return out
 }
 
 // TestOtherSize checks that units of a semaphore of another size are

@@ -79,7 +79,8 @@ func renewSession(ctx context.Context, pool batcher, session int64, seqs []int64
 }
 
 // endSession deletes session's row: every call of it still written is
-// dead from then on, purged by the next statement on its key. A closing
+// dead from then on, deleted by the next statement on its key that walks
+// to it, or the next read of the key (walk.go). A closing
 // Locker releases its calls first (so that the calls behind them are
 // told at once), then ends its session. One round trip. Errors: the
 // database's or the connection's; the session then expires with its

@@ -23,10 +23,16 @@ import "strconv"
 // exclusive call, so calls behind it, readers included, wait as behind a
 // Lock. This is the rule of etcdlock and redislock, and of fairlock in
 // process (DESIGN.md, "Shared holds, semaphores, fencing tokens, Wait").
-// grantedSQL writes it in SQL with window functions; a row once granted
-// stays granted until it is deleted (rows are only appended behind it,
-// and deleting a row ahead only shrinks what is ahead), so a grant is a
-// fact a process can keep until its row goes.
+// A row once granted stays granted until it is deleted (rows are only
+// appended behind it, and deleting a row ahead only shrinks what is
+// ahead), so a grant is a fact a process can keep until its row goes.
+// The granted rows are thus a prefix of the key's rows in id order, and
+// only that prefix and the row after it decide anything: walkSQL walks
+// the key's rows from the head, one index probe per row, and stops after
+// the first row that is not granted, so a statement costs the length of
+// the granted prefix, not of the queue (a release behind 500 waiters
+// reads two or three rows). grantedSQL writes the same rule over a whole
+// queue with window functions, for listings.
 //
 // # Order
 //
@@ -61,11 +67,14 @@ import "strconv"
 // A row whose session has expired by the server's clock
 // (clock_timestamp(), read as the statement runs, not the transaction's
 // start) or whose session row is gone is dead. Every writing statement on
-// a key first deletes the key's dead rows (all of them, not only those at
-// the head: each is a statement's scan of the key's rows, which the rule
-// reads anyway), except the rows that a Fence holds: it selects them FOR
-// UPDATE SKIP LOCKED, and Fence holds its row FOR SHARE until the fenced
-// transaction ends. A fenced dead row stays and goes on holding the key.
+// a key deletes the dead rows its walk meets, except the rows that a
+// Fence holds: it tries each one FOR UPDATE SKIP LOCKED, and Fence holds
+// its row FOR SHARE until the fenced transaction ends. A fenced dead row
+// stays and goes on holding the key. A dead row behind the first row not
+// granted decides nothing until the rows ahead of it go, and the walk
+// that then reaches it deletes it; the read (readSQL: a Locker's timer,
+// the sweep of a crashed process's rows, Locked) deletes every dead row
+// of the key.
 //
 // # Notices
 //
@@ -105,75 +114,120 @@ func grantedSQL(name, from string) string {
 }
 
 // walkSQL returns the CTEs every writing statement on a key starts with.
-// Parameters: $1 prefix, $2 key, $3 the channel. also, if not empty, is
-// a query of more ids to delete with the dead rows (a release's own
-// row). The CTEs:
+// Parameters: $1 prefix, $2 key, $3 the channel. calls, if not empty, is
+// a query of the (session, seq) pairs of the calls whose rows the
+// statement deletes, wherever they are in the queue (a release's). With
+// all, the statement also deletes the dead rows behind the walk (the
+// read's). The CTEs:
 //
-//	rows    the key's rows, as the statement's snapshot shows them
-//	dead    the dead rows that no Fence holds, locked
-//	gone    the rows deleted: dead, and also's
-//	walk    rows, each with whether it is gone and whether the rule
-//	        grants it among rows (before) and among rows less gone (after)
-//	live    rows less gone
-//	before  granted among rows
-//	after   granted among live
+//	walk    the key's rows from the head, in id order, after a seed row
+//	        of id 0, up to the first row not granted (among the rows not
+//	        gone), each with whether the statement deletes it (g), its
+//	        grant among every row (before), and its grant among the rows
+//	        not deleted (after), and the state of both walks so far
+//	beyond  (all) the dead rows behind the walk that no Fence holds, locked
+//	gone    the rows deleted: those of walk with g, the calls' and beyond's
+//	before  granted among the rows as they were, dead ones included
+//	after   granted among the rows left
 //	sent    the notices of the rows in after and not in before, sent
 //
-// walk is the rule of grantedSQL computed twice in one pass over the rows
-// in id order (one sort): once over every row, once over the rows not
-// gone, whose aggregates skip the gone rows (FILTER), so that a row's
-// "after" is its grant as if the gone rows were not there. A row is
-// newly granted when it is not gone, granted after and not before.
-//
-// The statement must read sent (a CTE that nothing reads is not run).
-func walkSQL(also string) string {
-	del := "SELECT id FROM dead"
-	if also != "" {
-		del += " UNION " + also
+// Each step of walk reads the next row of the key (the queue's index),
+// whether its session is alive, and, for a dead row, whether it can be
+// locked (no Fence holds it); and it carries, for each of the two walks,
+// whether the walk still grants (before, after), whether it is still in
+// the head's run of Waits (lead), and the count, all readers, all units
+// and the sum of units of the rows after that run: the aggregates that
+// grantedSQL's windows compute. The walk over the rows left skips the
+// rows deleted. While that walk is in the head's run of Waits, a step
+// reads every Wait up to the next other row at once, in one index range
+// (last marks the row the next step starts from): such Waits change
+// neither walk's state where it still matters (each is granted after;
+// before, each is granted if that walk is in the run too, and otherwise
+// the first of them ends that walk's grants, as each of them would), so
+// each is judged from the state before them, and a release that frees
+// 200 Waits takes a few steps, not 200. The
+// statement must read sent (a CTE that nothing reads is not run).
+func walkSQL(calls string, all bool) string {
+	mine := "false"
+	if calls != "" {
+		mine = "(c.session, c.seq) IN (" + calls + ")"
 	}
-	return `WITH rows AS (
-    SELECT id, session, seq, mode, weight, size FROM fairlock_calls WHERE prefix = $1 AND key = $2
-),
-dead AS (
+	del := "SELECT id FROM walk WHERE g"
+	if calls != "" {
+		// OFFSET 0 keeps the key's test out of the lookup, which then
+		// reads the calls' index (session, seq), not the key's rows.
+		del += "\n        UNION SELECT id FROM (SELECT id, prefix, key FROM fairlock_calls WHERE (session, seq) IN (" + calls + ") OFFSET 0) c" +
+			" WHERE prefix = $1 AND key = $2"
+	}
+	// The row's lead and fits in each walk (grantedSQL's), and whether the
+	// walk over the rows left counts it (not deleted, not in the run).
+	leadB := "(w.lead_b AND n.mode = 'w')"
+	fitsB := "(w.cnt_b = 0 OR (n.mode = 'r' AND w.allr_b) OR (n.mode = 'u' AND w.allu_b AND w.sum_b + n.weight <= n.size))"
+	leadA := "(w.lead_a AND n.mode = 'w')"
+	fitsA := "(w.cnt_a = 0 OR (n.mode = 'r' AND w.allr_a) OR (n.mode = 'u' AND w.allu_a AND w.sum_a + n.weight <= n.size))"
+	skipA := "(n.g OR " + leadA + ")"
+	q := `WITH RECURSIVE walk (id, session, seq, mode, weight, size, g, last,
+        before, lead_b, cnt_b, allr_b, allu_b, sum_b,
+        after, lead_a, cnt_a, allr_a, allu_a, sum_a) AS (
+    SELECT 0::bigint, 0::bigint, 0::bigint, 'w'::text, 0::bigint, 0::bigint, false, true,
+        true, true, 0::bigint, true, true, 0::bigint,
+        true, true, 0::bigint, true, true, 0::bigint
+    UNION ALL
+    SELECT n.id, n.session, n.seq, n.mode, n.weight, n.size, n.g, n.last,
+        w.before AND (` + leadB + ` OR ` + fitsB + `), ` + leadB + `,
+        w.cnt_b + CASE WHEN ` + leadB + ` THEN 0 ELSE 1 END,
+        w.allr_b AND (` + leadB + ` OR n.mode = 'r'),
+        w.allu_b AND (` + leadB + ` OR n.mode = 'u'),
+        w.sum_b + CASE WHEN ` + leadB + ` THEN 0 ELSE n.weight END,
+        w.after AND (` + skipA + ` OR ` + fitsA + `),
+        CASE WHEN n.g THEN w.lead_a ELSE ` + leadA + ` END,
+        w.cnt_a + CASE WHEN ` + skipA + ` THEN 0 ELSE 1 END,
+        w.allr_a AND (` + skipA + ` OR n.mode = 'r'),
+        w.allu_a AND (` + skipA + ` OR n.mode = 'u'),
+        w.sum_a + CASE WHEN ` + skipA + ` THEN 0 ELSE n.weight END
+    FROM walk w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT c.id, c.session, c.seq, c.mode, c.weight, c.size, CASE
+                WHEN ` + mine + ` THEN true
+                WHEN EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp()) THEN false
+                ELSE EXISTS (SELECT 1 FROM fairlock_calls x WHERE x.id = c.id FOR UPDATE SKIP LOCKED)
+            END AS g,
+            row_number() OVER o = 1 AS first,
+            coalesce(lead(c.mode) OVER o <> 'w', true) AS last
+            FROM fairlock_calls c
+            WHERE c.prefix = $1 AND c.key = $2 AND c.id > w.id AND c.id <= CASE
+                WHEN w.lead_a THEN coalesce((SELECT min(id) FROM fairlock_calls
+                    WHERE prefix = $1 AND key = $2 AND id > w.id AND mode <> 'w'), 9223372036854775807)
+                ELSE (SELECT min(id) FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND id > w.id)
+            END
+            WINDOW o AS (ORDER BY c.id)
+        ) r WHERE r.first OR r.mode = 'w'
+    ) n
+    WHERE w.after AND w.last
+),`
+	if all {
+		q += `
+beyond AS (
     SELECT c.id FROM fairlock_calls c
-    WHERE c.prefix = $1 AND c.key = $2
+    WHERE c.prefix = $1 AND c.key = $2 AND c.id > (SELECT max(id) FROM walk)
       AND NOT EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp())
     FOR UPDATE SKIP LOCKED
-),
+),`
+		del += "\n        UNION SELECT id FROM beyond"
+	}
+	return q + `
 gone AS (
-    DELETE FROM fairlock_calls c WHERE c.id IN (` + del + `) RETURNING c.id, c.session, c.seq
+    DELETE FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND id = ANY (ARRAY(
+        ` + del + `
+    )) RETURNING id, session, seq
 ),
-walk AS (
-    SELECT id, session, seq, mode, weight, size, gone,
-        bool_and(lead_b OR fits_b) OVER o AS before,
-        bool_and(lead_a OR fits_a) FILTER (WHERE NOT gone) OVER o AS after
-    FROM (
-        SELECT *,
-            count(*) FILTER (WHERE NOT lead_b) OVER o = 1
-            OR bool_and(mode = 'r') FILTER (WHERE NOT lead_b) OVER o
-            OR (bool_and(mode = 'u') FILTER (WHERE NOT lead_b) OVER o
-                AND sum(weight) FILTER (WHERE NOT lead_b) OVER o <= size) AS fits_b,
-            count(*) FILTER (WHERE NOT gone AND NOT lead_a) OVER o = 1
-            OR bool_and(mode = 'r') FILTER (WHERE NOT gone AND NOT lead_a) OVER o
-            OR (bool_and(mode = 'u') FILTER (WHERE NOT gone AND NOT lead_a) OVER o
-                AND sum(weight) FILTER (WHERE NOT gone AND NOT lead_a) OVER o <= size) AS fits_a
-        FROM (
-            SELECT *, bool_and(mode = 'w') OVER o AS lead_b,
-                bool_and(mode = 'w') FILTER (WHERE NOT gone) OVER o AS lead_a
-            FROM (SELECT *, id IN (SELECT id FROM gone) AS gone FROM rows) r
-            WINDOW o AS (ORDER BY id)
-        ) a
-        WINDOW o AS (ORDER BY id)
-    ) b
-    WINDOW o AS (ORDER BY id)
-),
-live AS (SELECT id, session, seq, mode, weight, size FROM walk WHERE NOT gone),
-before AS (SELECT id FROM walk WHERE before),
-after AS (SELECT id FROM walk WHERE NOT gone AND after),
+before AS (SELECT id FROM walk WHERE id > 0 AND before),
+after AS (SELECT id FROM walk WHERE id > 0 AND NOT g AND after),
 sent AS (
     SELECT pg_notify($3, string_agg(session || ':' || seq, ' ' ORDER BY id)) FROM (
         SELECT id, session, seq, (row_number() OVER (ORDER BY id) - 1) / ` + strconv.Itoa(noticeCalls) + ` AS chunk
-        FROM walk WHERE NOT gone AND after AND NOT before
+        FROM walk WHERE id > 0 AND NOT g AND after AND NOT before
     ) n GROUP BY chunk
 )`
 }
@@ -200,20 +254,30 @@ const (
 // the rows after the head's Waits are none, or it is a reader and they
 // are all readers, or it is units and they are all units that with it
 // fit in size: it would be the last of the granted prefix. A Try that is
-// not is refused, so it never overtakes.
-var enqueueSQL = walkSQL("") + `,
+// not is refused, so it never overtakes. Those rows are judged by tail,
+// the state of the walk over the rows left after its last row: when the
+// walk stopped at a row not granted, that row's mode and units are in
+// the state, so a new call does not fit behind it either. mine is the
+// call's own row, wherever it is in the queue, for an enqueue sent again;
+// other, the units of another size, also behind the walk (a dead row
+// there does not count): read only for units, it is the one part of an
+// enqueue that reads the whole queue.
+var enqueueSQL = walkSQL("", false) + `,
 alive AS (
     SELECT EXISTS (SELECT 1 FROM fairlock_sessions WHERE id = $4 AND expires_at > clock_timestamp()) AS ok
 ),
-mine AS (SELECT id FROM live WHERE session = $4 AND seq = $5),
-tail AS (
-    SELECT count(*) AS n,
-        coalesce(bool_and(mode = 'r'), true) AS all_r,
-        coalesce(bool_and(mode = 'u'), true) AS all_u,
-        coalesce(sum(weight), 0) AS units
-    FROM live WHERE id >= (SELECT min(id) FROM live WHERE mode <> 'w')
+mine AS (
+    SELECT id FROM (SELECT id, prefix, key FROM fairlock_calls WHERE session = $4 AND seq = $5 OFFSET 0) c
+    WHERE prefix = $1 AND key = $2 AND id NOT IN (SELECT id FROM walk WHERE g)
 ),
-other AS (SELECT min(size) AS size FROM live WHERE mode = 'u' AND size <> $8::bigint),
+tail AS (SELECT cnt_a AS n, allr_a AS all_r, allu_a AS all_u, sum_a AS units FROM walk ORDER BY id DESC LIMIT 1),
+other AS (
+    SELECT min(size) AS size FROM fairlock_calls c
+    WHERE c.prefix = $1 AND c.key = $2 AND c.mode = 'u' AND c.size <> $8::bigint
+      AND c.id NOT IN (SELECT id FROM walk WHERE g)
+      AND (c.id IN (SELECT id FROM walk)
+           OR EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp()))
+),
 verdict AS (
     SELECT CASE
         WHEN NOT (SELECT ok FROM alive) THEN 'e'
@@ -232,14 +296,14 @@ ins AS (
     SELECT $1, $2, $4, $5, $6, $7, $8, $9 FROM verdict WHERE v IN ('g', 'q')
     RETURNING id
 )
-SELECT v, coalesce((SELECT id FROM ins), (SELECT id FROM mine), 0), coalesce((SELECT size FROM other), 0),
+SELECT v, coalesce((SELECT id FROM ins), (SELECT id FROM mine), 0), CASE WHEN v = 'n' THEN (SELECT size FROM other) ELSE 0 END,
     (SELECT count(*) FROM sent)
 FROM verdict`
 
 // releaseSQL deletes a call's row with the dead ones. Parameters after
 // walkSQL's: $4 session, $5 seq. It returns whether the row was there,
 // whether its session is alive, and the number of notices sent.
-var releaseSQL = walkSQL("SELECT id FROM rows WHERE session = $4 AND seq = $5") + `
+var releaseSQL = walkSQL("SELECT $4::bigint, $5::bigint", false) + `
 SELECT EXISTS (SELECT 1 FROM gone WHERE session = $4 AND seq = $5),
     EXISTS (SELECT 1 FROM fairlock_sessions WHERE id = $4 AND expires_at > clock_timestamp()),
     (SELECT count(*) FROM sent)`
@@ -247,18 +311,22 @@ SELECT EXISTS (SELECT 1 FROM gone WHERE session = $4 AND seq = $5),
 // releaseAllSQL deletes calls' rows with the dead ones. Parameters after
 // walkSQL's: $4 sessions, $5 seqs (arrays: the calls, pairwise). It
 // returns the number of notices sent.
-var releaseAllSQL = walkSQL("SELECT id FROM rows WHERE (session, seq) IN (SELECT * FROM unnest($4::bigint[], $5::bigint[]))") + `
+var releaseAllSQL = walkSQL("SELECT * FROM unnest($4::bigint[], $5::bigint[])", false) + `
 SELECT count(*) FROM sent`
 
 // readSQL purges a key's dead rows, announces what that grants, and
 // reports the key. Parameter after walkSQL's: $4 a session (0: none). It
 // returns the number of live rows other than Waits', and the seq, id and
 // grant of each of the session's rows on the key, in id order.
-var readSQL = walkSQL("") + `
-SELECT (SELECT count(*) FROM live WHERE mode <> 'w'),
-    array(SELECT seq FROM live WHERE session = $4 ORDER BY id),
-    array(SELECT id FROM live WHERE session = $4 ORDER BY id),
-    array(SELECT id IN (SELECT id FROM after) FROM live WHERE session = $4 ORDER BY id),
+var readSQL = walkSQL("", true) + `,
+mine AS (
+    SELECT id, seq, id IN (SELECT id FROM after) AS granted FROM fairlock_calls
+    WHERE session = $4 AND prefix = $1 AND key = $2 AND id NOT IN (SELECT id FROM gone)
+)
+SELECT (SELECT count(*) FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND mode <> 'w' AND id NOT IN (SELECT id FROM gone)),
+    array(SELECT seq FROM mine ORDER BY id),
+    array(SELECT id FROM mine ORDER BY id),
+    array(SELECT granted FROM mine ORDER BY id),
     (SELECT count(*) FROM sent)`
 
 // listSQL lists a key's rows with their sessions, in id order, without
