@@ -47,20 +47,29 @@ func BenchmarkWaitsReleased(b *testing.B) {
 // holder, the holder's release (which grants the next call and announces
 // it) and an enqueue at the tail, as one more waiter arrives, each one
 // round trip on a pool; the queue then has n waiters again, the next
-// holder at its head. ns/op is the release and the enqueue together;
-// release-µs and enqueue-µs their medians. A statement walks the queue
-// from its head to the first call it does not grant (walk.go), so both
-// stay flat as n grows.
+// holder at its head. With readers, n readers hold the key: the oldest
+// releases and a new one is granted at once. ns/op is the release and
+// the enqueue together; release-µs and enqueue-µs their medians. A
+// statement walks the queue from its head to the first call it does not
+// grant, reading a run of readers in one step (walk.go), so both stay
+// flat as n grows.
 //
 //	go test -run '^$' -bench Queue -benchtime 200x
 func BenchmarkQueue(b *testing.B) {
-	for _, n := range []int{1, 100, 500} {
-		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
+	for _, c := range []struct {
+		n int
+		m mode
+	}{{1, modeExclusive}, {100, modeExclusive}, {500, modeExclusive}, {500, modeShared}} {
+		name := fmt.Sprintf("waiters=%d", c.n)
+		if c.m == modeShared {
+			name = fmt.Sprintf("readers=%d", c.n)
+		}
+		b.Run(name, func(b *testing.B) {
 			pool, s := setup(b, 4)
 			sess := newSession(b, pool, s, testTTL)
-			queue := make([]callRef, 0, n+1)
-			for range n + 1 {
-				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, modeExclusive, 0, 0, false)
+			queue := make([]callRef, 0, c.n+1)
+			for range c.n + 1 {
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, 0, 0, false)
 				queue = append(queue, ref)
 			}
 			var rel, enq []time.Duration
@@ -69,7 +78,7 @@ func BenchmarkQueue(b *testing.B) {
 				start := time.Now()
 				mustRelease(b, pool, s, "k", queue[0])
 				mid := time.Now()
-				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, modeExclusive, 0, 0, false)
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, 0, 0, false)
 				rel, enq = append(rel, mid.Sub(start)), append(enq, time.Since(mid))
 				queue = append(queue[1:], ref)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/jackc/pgx/v5"
 )
 
 // row is a call as the model of the grant rule sees it.
@@ -256,175 +257,45 @@ func TestGrantRuleRandom(t *testing.T) {
 	t.Logf("%d of 300 changes announced grants; %d calls left on the key", announced, len(rows))
 }
 
-// TestGrantRuleDeadRandom runs random enqueues (every mode, Try forms),
-// releases of one call or of several at once (releaseAll), reads and
-// expiries of whole sessions on one key over three sessions, and checks
-// after each statement every call's grant and which rows are left
-// against the model, what enqueue said, and that the statement's notices
-// name exactly the calls it newly granted. An expiry changes nothing by
+// TestGrantRuleDeadRandom runs, on one key over three sessions, random
+// enqueues (every mode, Try forms, units of two semaphore sizes, and
+// enqueues sent again for a row already there), releases of one row (a
+// live or a dead one, anywhere in the queue) or of several at once
+// (releaseAll, with a call never written among them), reads, expiries
+// of whole sessions, and Fences that hold a granted row (FOR SHARE) until
+// their transaction commits. After each statement it checks the rows
+// left, each with its grant over all of them, dead ones included, and
+// what the statement said against the model, and that its notices name
+// exactly the calls it newly granted. An expiry changes nothing by
 // itself: the next statement on the key deletes the dead rows its walk
-// meets (from the head to the first row not granted; walkPurge), or all
-// of them for a read, and announces what that grants, counted from the
-// grants over the rows as they were, dead ones included. Units weigh up
-// to the whole size, so that a row deleted from the middle of the queue
-// changes the sums behind it.
+// meets, except those a Fence holds, which go on holding (walkPurge); a
+// read deletes every dead row no Fence holds.
 func TestGrantRuleDeadRandom(t *testing.T) {
-	ctx := context.Background()
-	pool, s := setup(t, 0)
-	n := listenTo(t, pool, s, testTTL)
-	var sessions [3]int64
-	for i := range sessions {
-		sessions[i] = newSession(t, pool, s, testTTL)
+	total := map[string]int{}
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			for k, v := range grantRuleDeadRandom(t, seed) {
+				total[k] += v
+			}
+		})
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	const size = 4
-	var rows []qrow
-	grantSet := func(rows []qrow) map[callRef]bool {
-		set := map[callRef]bool{}
-		for i, g := range model(plain(rows)) {
-			if g {
-				set[rows[i].ref] = true
-			}
+	t.Logf("statements: %v", total)
+	for _, what := range []string{"expiry", "fence", "read", "resend", "releaseAll", "release", "release of a dead row", "dead rows left",
+		"announced", "enqueue: granted", "enqueue: queued", "enqueue: other size", "enqueue: would block", "enqueue: free"} {
+		if total[what] == 0 {
+			t.Errorf("no statement of kind %q: the test exercised too little", what)
 		}
-		return set
-	}
-	alive := func(rows []qrow) []qrow {
-		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return r.dead })
-	}
-	without := func(rows []qrow, refs ...callRef) []qrow {
-		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return slices.Contains(refs, r.ref) })
-	}
-	purges, left, batches, announced := 0, 0, 0, 0
-	for op := range 600 {
-		before := grantSet(rows)
-		calls := alive(rows)
-		var live []qrow  // the rows after the statement
-		var self callRef // the call enqueued, which is told by enqueue's reply, not a notice
-		switch {
-		case len(calls) > 0 && rng.IntN(8) == 0:
-			// A session expires: its rows die where they are.
-			i := rng.IntN(len(sessions))
-			expire(t, pool, sessions[i])
-			for j := range rows {
-				if rows[j].ref.Session == sessions[i] {
-					rows[j].dead = true
-				}
-			}
-			sessions[i] = newSession(t, pool, s, testTTL)
-			continue
-		case rng.IntN(15) == 0:
-			if _, _, err := readKey(ctx, pool, s, "k", 0); err != nil {
-				t.Fatal(err)
-			}
-			live = calls
-		case len(calls) == 0 || (len(calls) < 10 && rng.IntN(10) < 7):
-			m := []mode{modeExclusive, modeShared, modeUnits, modeWait}[rng.IntN(4)]
-			var w int64
-			if m == modeUnits {
-				w = 1 + rng.Int64N(size)
-			}
-			try := m != modeWait && rng.IntN(5) == 0
-			ref, out, _ := mustEnqueue(t, pool, s, "k", sessions[rng.IntN(len(sessions))], m, w, size, try)
-			self = ref
-			live = walkPurge(rows)
-			next := append(slices.Clone(live), qrow{row: row{ref, m, w, size}})
-			g := model(plain(next))
-			wantOut := queued
-			switch {
-			case m == modeWait && !slices.ContainsFunc(alive(live), func(r qrow) bool { return r.m != modeWait }):
-				wantOut = free
-			case g[len(g)-1]:
-				wantOut = granted
-			case try:
-				wantOut = wouldBlock
-			}
-			if out != wantOut {
-				t.Fatalf("op %d: enqueue %s w=%d try=%v on %v: %v, want %v", op, m, w, try, rows, out, wantOut)
-			}
-			if out == granted || out == queued {
-				live = next
-			}
-		case len(calls) > 1 && rng.IntN(4) == 0:
-			// Several calls go in one statement, as the janitor removes
-			// the rows of ended Waits with whatever else it has.
-			var refs []callRef
-			for _, i := range rng.Perm(len(calls))[:2+rng.IntN(len(calls)-1)] {
-				refs = append(refs, calls[i].ref)
-			}
-			if err := releaseAll(ctx, pool, s, "k", refs); err != nil {
-				t.Fatal(err)
-			}
-			live = walkPurge(without(rows, refs...))
-			batches++
-		default:
-			// Mostly a holder releases; sometimes a waiter leaves.
-			i := rng.IntN(len(calls))
-			if g := model(plain(calls)); rng.IntN(10) < 7 {
-				for !g[i] {
-					i = rng.IntN(len(calls))
-				}
-			}
-			if !mustRelease(t, pool, s, "k", calls[i].ref) {
-				t.Fatalf("op %d: release of %v found no row", op, calls[i].ref)
-			}
-			live = walkPurge(without(rows, calls[i].ref))
-		}
-		dead, deadLeft := len(rows)-len(calls), len(live)-len(alive(live))
-		if deadLeft < dead {
-			purges++
-		}
-		if deadLeft > 0 {
-			left++
-		}
-		rows = live
-		after := grantSet(rows)
-		var want []callRef
-		for _, r := range rows {
-			if after[r.ref] && !before[r.ref] && r.ref != self {
-				want = append(want, r.ref)
-			}
-		}
-		// The rows, with their grants (listCalls computes them over the
-		// live rows; a dead row left behind the walk is behind a row not
-		// granted, so the model's grant of it, as a live row, is false too).
-		listed, err := listCalls(ctx, pool, s, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var gotRefs, wantRefs []string
-		for _, c := range listed {
-			gotRefs = append(gotRefs, fmt.Sprintf("%v %s %v dead=%v", c.Ref, c.Mode, c.Granted, !c.Alive))
-		}
-		for _, r := range rows {
-			wantRefs = append(wantRefs, fmt.Sprintf("%v %s %v dead=%v", r.ref, r.m, after[r.ref], r.dead))
-		}
-		if diff := cmp.Diff(wantRefs, gotRefs); diff != "" {
-			t.Fatalf("op %d: queue (-model +listCalls):\n%s", op, diff)
-		}
-		marker := callRef{Session: 0, Seq: int64(op)}
-		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
-			t.Fatal(err)
-		}
-		n.await(t, marker)
-		got := slices.DeleteFunc(n.take(), func(r callRef) bool { return r == marker })
-		if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
-			t.Fatalf("op %d: notices (-want +got):\n%s", op, diff)
-		}
-		if len(want) > 0 {
-			announced++
-		}
-	}
-	t.Logf("%d statements deleted dead rows, %d left dead rows behind their walk, %d released several calls, %d announced grants; %d calls left",
-		purges, left, batches, announced, len(rows))
-	if purges < 20 || left < 20 || batches < 20 || announced < 40 {
-		t.Errorf("%d purges, %d left dead rows, %d batches, %d announcements: the test exercised too little", purges, left, batches, announced)
 	}
 }
 
-// qrow is a row of the model with whether its session has expired.
+// outcomes names enqueue's outcomes, for messages.
+var outcomes = map[enqueued]string{queued: "queued", granted: "granted", wouldBlock: "would block", free: "free", otherSize: "other size"}
+
+// qrow is a row of the model: its call, whether its session has expired,
+// and whether a Fence holds it.
 type qrow struct {
 	row
-	dead bool
+	dead, fenced bool
 }
 
 // plain returns the rows as the model sees them, dead ones included.
@@ -437,21 +308,282 @@ func plain(rows []qrow) []row {
 }
 
 // walkPurge returns rows less the dead rows that a writing statement's
-// walk deletes (walk.go): from the head, every dead row it meets, until
-// the first live row the rule does not grant among the live rows ahead of
-// it; the rows behind that one stay as they are, dead or not.
-func walkPurge(rows []qrow) []qrow {
+// walk deletes (walk.go): from the head, every dead row it meets that no
+// Fence holds, until the first row left that the rule does not grant
+// among the rows left ahead of it; the rows behind that one stay as they
+// are. It also returns how many of the rows left the walk read.
+func walkPurge(rows []qrow) ([]qrow, int) {
 	var out []qrow
 	for i, r := range rows {
-		if r.dead {
+		if r.dead && !r.fenced {
 			continue
 		}
 		out = append(out, r)
 		if g := model(plain(out)); !g[len(g)-1] {
-			return append(out, rows[i+1:]...)
+			return append(out, rows[i+1:]...), len(out)
 		}
 	}
-	return out
+	return out, len(out)
+}
+
+// grantRuleDeadRandom is one run of TestGrantRuleDeadRandom, and returns
+// how many statements of each kind it ran.
+func grantRuleDeadRandom(t *testing.T, seed uint64) map[string]int {
+	ctx := context.Background()
+	pool, s := setup(t, 0)
+	n := listenTo(t, pool, s, testTTL)
+	var sessions [3]int64
+	for i := range sessions {
+		sessions[i] = newSession(t, pool, s, testTTL)
+	}
+	rng := rand.New(rand.NewPCG(seed, 99))
+	const size = 4
+	var rows []qrow
+	fences := map[callRef]pgx.Tx{}
+	defer func() {
+		for _, tx := range fences {
+			tx.Rollback(ctx)
+		}
+	}()
+	grantSet := func(rows []qrow) map[callRef]bool {
+		set := map[callRef]bool{}
+		for i, g := range model(plain(rows)) {
+			if g {
+				set[rows[i].ref] = true
+			}
+		}
+		return set
+	}
+	without := func(rows []qrow, refs ...callRef) []qrow {
+		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return slices.Contains(refs, r.ref) })
+	}
+	tokens := map[callRef]int64{}
+	stats := map[string]int{}
+	for op := range 400 {
+		before := grantSet(rows)
+		var live []qrow  // the rows after the statement
+		var self callRef // the call enqueued, which is told by enqueue's reply, not a notice
+		var what string
+		switch pick := rng.IntN(100); {
+		case pick < 8 && len(rows) > 0:
+			// A session expires: its rows die where they are.
+			i := rng.IntN(len(sessions))
+			expire(t, pool, sessions[i])
+			for j := range rows {
+				if rows[j].ref.Session == sessions[i] {
+					rows[j].dead = true
+				}
+			}
+			sessions[i] = newSession(t, pool, s, testTTL)
+			stats["expiry"]++
+			continue
+		case pick < 14 && len(fences) < 2:
+			// A Fence holds a granted live row.
+			var cands []int
+			for i, g := range model(plain(rows)) {
+				if g && !rows[i].dead && !rows[i].fenced {
+					cands = append(cands, i)
+				}
+			}
+			if len(cands) == 0 {
+				continue
+			}
+			i := cands[rng.IntN(len(cands))]
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fence(ctx, tx, rows[i].ref.Session, tokens[rows[i].ref]); err != nil {
+				t.Fatalf("op %d: fence %v: %v", op, rows[i], err)
+			}
+			fences[rows[i].ref] = tx
+			rows[i].fenced = true
+			stats["fence"]++
+			continue
+		case pick < 20 && len(fences) > 0:
+			for ref, tx := range fences {
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				delete(fences, ref)
+				for j := range rows {
+					if rows[j].ref == ref {
+						rows[j].fenced = false
+					}
+				}
+				break
+			}
+			continue
+		case pick < 26:
+			what = "read"
+			if _, _, err := readKey(ctx, pool, s, "k", 0); err != nil {
+				t.Fatal(err)
+			}
+			live = slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return r.dead && !r.fenced })
+		case pick < 34 && len(rows) > 0:
+			// An enqueue sent again, for a row still there and alive.
+			r := rows[rng.IntN(len(rows))]
+			if r.dead {
+				continue
+			}
+			what = "resend"
+			out, token, _, err := enqueue(ctx, pool, s, "k", call{ref: r.ref, mode: r.m, weight: r.w, size: r.n}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			live, _ = walkPurge(rows)
+			want := queued
+			if grantSet(live)[r.ref] {
+				want = granted
+			}
+			if out != want || token != tokens[r.ref] {
+				t.Fatalf("op %d: enqueue of %v sent again on %v: %v token %d, want %v token %d", op, r.ref, rows, out, token, want, tokens[r.ref])
+			}
+		case pick < 70 || len(rows) < 10:
+			m := []mode{modeExclusive, modeShared, modeShared, modeUnits, modeWait, modeWait, modeWait}[rng.IntN(7)]
+			var w, sz int64
+			if m == modeUnits {
+				w, sz = 1+rng.Int64N(size), size
+				if rng.IntN(8) == 0 {
+					sz = size + 1
+				}
+			}
+			try := m != modeWait && rng.IntN(4) == 0
+			ref := callRef{Session: sessions[rng.IntN(len(sessions))], Seq: seqs.Add(1)}
+			self = ref
+			out, token, other, err := enqueue(ctx, pool, s, "k", call{ref: ref, mode: m, weight: w, size: sz}, try)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var walked int
+			live, walked = walkPurge(rows)
+			next := append(slices.Clone(live), qrow{row: row{ref, m, w, sz}})
+			g := model(plain(next))
+			var otherWant int64 // units of another size: a row the walk kept, or a live one behind it
+			if m == modeUnits {
+				for i, r := range live {
+					if r.m == modeUnits && r.n != sz && (i < walked || !r.dead) {
+						otherWant = r.n
+					}
+				}
+			}
+			want := queued
+			switch {
+			case otherWant != 0:
+				want = otherSize
+			case m == modeWait && !slices.ContainsFunc(live, func(r qrow) bool { return r.m != modeWait }):
+				want = free
+			case g[len(g)-1]:
+				want = granted
+			case try:
+				want = wouldBlock
+			}
+			what = fmt.Sprintf("enqueue %s w=%d n=%d try=%v", m, w, sz, try)
+			if out != want || (want == otherSize && other != otherWant) {
+				t.Fatalf("op %d: %s on %v: %v (other size %d), want %v (other size %d)", op, what, rows, out, other, want, otherWant)
+			}
+			if out == granted || out == queued {
+				live = next
+				tokens[ref] = token
+			}
+			what = "enqueue: " + outcomes[out]
+		case pick < 82 && len(rows) > 1:
+			// Several calls go in one statement, as the janitor removes
+			// the rows of ended Waits with whatever else it has; one of
+			// them was never written.
+			var refs []callRef
+			for _, i := range rng.Perm(len(rows))[:2+rng.IntN(len(rows)-1)] {
+				if !rows[i].fenced {
+					refs = append(refs, rows[i].ref)
+				}
+			}
+			refs = append(refs, callRef{Session: sessions[0], Seq: seqs.Add(1)})
+			what = "releaseAll"
+			if err := releaseAll(ctx, pool, s, "k", refs); err != nil {
+				t.Fatal(err)
+			}
+			live, _ = walkPurge(without(rows, refs...))
+		default:
+			// Mostly a holder releases; sometimes a waiter leaves.
+			if len(rows) == 0 {
+				continue
+			}
+			i := rng.IntN(len(rows))
+			if g := model(plain(rows)); rng.IntN(10) < 7 {
+				for range 20 {
+					if g[i] {
+						break
+					}
+					i = rng.IntN(len(rows))
+				}
+			}
+			if rows[i].fenced {
+				continue
+			}
+			what = "release"
+			if rows[i].dead {
+				what = "release of a dead row"
+			}
+			if !mustRelease(t, pool, s, "k", rows[i].ref) {
+				t.Fatalf("op %d: %s of %v found no row", op, what, rows[i].ref)
+			}
+			live, _ = walkPurge(without(rows, rows[i].ref))
+		}
+		stats[what]++
+		old := rows
+		rows = live
+		if slices.ContainsFunc(rows, func(r qrow) bool { return r.dead && !r.fenced }) {
+			stats["dead rows left"]++
+		}
+		after := grantSet(rows)
+		var want []callRef
+		for _, r := range rows {
+			if after[r.ref] && !before[r.ref] && r.ref != self {
+				want = append(want, r.ref)
+			}
+		}
+		// The rows left, each with its grant over all of them, dead ones
+		// included: what the next statement reads as "before".
+		q := `WITH rows AS (SELECT id, mode, weight, size FROM fairlock_calls WHERE prefix = $1 AND key = $2),
+` + grantedSQL("granted", "rows") + `
+SELECT c.session, c.seq, c.mode, c.id IN (SELECT id FROM granted) FROM fairlock_calls c WHERE prefix = $1 AND key = $2 ORDER BY id`
+		dbRows, err := pool.Query(ctx, q, s.prefix, []byte("k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, wantRows []string
+		for dbRows.Next() {
+			var ref callRef
+			var m string
+			var g bool
+			if err := dbRows.Scan(&ref.Session, &ref.Seq, &m, &g); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%v %s %v", ref, m, g))
+		}
+		if err := dbRows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			wantRows = append(wantRows, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
+		}
+		if diff := cmp.Diff(wantRows, got); diff != "" {
+			t.Fatalf("op %d: %s on %v: rows (-model +server):\n%s", op, what, old, diff)
+		}
+		marker := callRef{Session: 0, Seq: int64(op)}
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
+			t.Fatal(err)
+		}
+		n.await(t, marker)
+		gotNotices := slices.DeleteFunc(n.take(), func(r callRef) bool { return r == marker })
+		if diff := cmp.Diff(want, gotNotices, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("op %d: %s on %v: notices (-want +got):\n%s", op, what, old, diff)
+		}
+		if len(want) > 0 {
+			stats["announced"]++
+		}
+	}
+	return stats
 }
 
 // TestOtherSize checks that units of a semaphore of another size are

@@ -138,14 +138,19 @@ func grantedSQL(name, from string) string {
 // the head's run of Waits (lead), and the count, all readers, all units
 // and the sum of units of the rows after that run: the aggregates that
 // grantedSQL's windows compute. The walk over the rows left skips the
-// rows deleted. While that walk is in the head's run of Waits, a step
-// reads every Wait up to the next other row at once, in one index range
-// (last marks the row the next step starts from): such Waits change
-// neither walk's state where it still matters (each is granted after;
-// before, each is granted if that walk is in the run too, and otherwise
-// the first of them ends that walk's grants, as each of them would), so
-// each is judged from the state before them, and a release that frees
-// 200 Waits takes a few steps, not 200. The
+// rows deleted. A step reads a run of rows of one mode at once, in one
+// index range (last marks the row the next step starts from), where
+// judging each row of the run from the state before it gives what a walk
+// row by row gives: the Waits up to the next other row while the walk
+// over the rows left is in the head's run of Waits (each is granted
+// after; in the walk over every row, each is granted if that walk is in
+// the run too, and otherwise the first of them ends its grants, as each
+// of them would), and the readers up to the next other row while that
+// walk has granted only readers (each is granted after; in the other
+// walk, each is granted if it had granted only readers too, and not
+// otherwise). Neither run changes a state that a later row reads but the
+// count, which only matters at zero. So a release that frees 200 Waits,
+// or a key that 500 readers hold, takes a few steps. The
 // statement must read sent (a CTE that nothing reads is not run).
 func walkSQL(calls string, all bool) string {
 	mine := "false"
@@ -186,6 +191,7 @@ func walkSQL(calls string, all bool) string {
         w.allu_a AND (` + skipA + ` OR n.mode = 'u'),
         w.sum_a + CASE WHEN ` + skipA + ` THEN 0 ELSE n.weight END
     FROM walk w
+    CROSS JOIN LATERAL (SELECT CASE WHEN w.lead_a THEN 'w' WHEN w.allr_a THEN 'r' END AS m) u
     CROSS JOIN LATERAL (
         SELECT * FROM (
             SELECT c.id, c.session, c.seq, c.mode, c.weight, c.size, CASE
@@ -194,15 +200,15 @@ func walkSQL(calls string, all bool) string {
                 ELSE EXISTS (SELECT 1 FROM fairlock_calls x WHERE x.id = c.id FOR UPDATE SKIP LOCKED)
             END AS g,
             row_number() OVER o = 1 AS first,
-            coalesce(lead(c.mode) OVER o <> 'w', true) AS last
+            coalesce(lead(c.mode) OVER o <> u.m, true) AS last
             FROM fairlock_calls c
             WHERE c.prefix = $1 AND c.key = $2 AND c.id > w.id AND c.id <= CASE
-                WHEN w.lead_a THEN coalesce((SELECT min(id) FROM fairlock_calls
-                    WHERE prefix = $1 AND key = $2 AND id > w.id AND mode <> 'w'), 9223372036854775807)
-                ELSE (SELECT min(id) FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND id > w.id)
+                WHEN u.m IS NULL THEN (SELECT min(id) FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND id > w.id)
+                ELSE coalesce((SELECT min(id) FROM fairlock_calls
+                    WHERE prefix = $1 AND key = $2 AND id > w.id AND mode <> u.m), 9223372036854775807)
             END
             WINDOW o AS (ORDER BY c.id)
-        ) r WHERE r.first OR r.mode = 'w'
+        ) r WHERE r.first OR r.mode = u.m
     ) n
     WHERE w.after AND w.last
 ),`
@@ -216,9 +222,12 @@ beyond AS (
 ),`
 		del += "\n        UNION SELECT id FROM beyond"
 	}
+	// gone deletes by id alone: every id of del is a row of the key
+	// already, and with the key's test beside it a generic plan may read
+	// the key's rows through the queue's index, filtering them by id.
 	return q + `
 gone AS (
-    DELETE FROM fairlock_calls WHERE prefix = $1 AND key = $2 AND id = ANY (ARRAY(
+    DELETE FROM fairlock_calls WHERE id = ANY (ARRAY(
         ` + del + `
     )) RETURNING id, session, seq
 ),
