@@ -48,7 +48,8 @@ func BenchmarkWaitsReleased(b *testing.B) {
 // it) and an enqueue at the tail, as one more waiter arrives, each one
 // round trip on a pool; the queue then has n waiters again, the next
 // holder at its head. With readers, n readers hold the key: the oldest
-// releases and a new one is granted at once. ns/op is the release and
+// releases and a new one is granted at once; with units, a semaphore of
+// one unit, the holder's and n queued. ns/op is the release and
 // the enqueue together; release-µs and enqueue-µs their medians. A
 // statement walks the queue from its head to the first call it does not
 // grant, reading a run of readers in one step (walk.go), so both stay
@@ -59,17 +60,18 @@ func BenchmarkQueue(b *testing.B) {
 	for _, c := range []struct {
 		n int
 		m mode
-	}{{1, modeExclusive}, {100, modeExclusive}, {500, modeExclusive}, {500, modeShared}} {
-		name := fmt.Sprintf("waiters=%d", c.n)
-		if c.m == modeShared {
-			name = fmt.Sprintf("readers=%d", c.n)
+	}{{1, modeExclusive}, {100, modeExclusive}, {500, modeExclusive}, {500, modeShared}, {500, modeUnits}} {
+		name := map[mode]string{modeExclusive: "waiters", modeShared: "readers", modeUnits: "units"}[c.m] + fmt.Sprintf("=%d", c.n)
+		var w, size int64 // a semaphore of one unit
+		if c.m == modeUnits {
+			w, size = 1, 1
 		}
 		b.Run(name, func(b *testing.B) {
 			pool, s := setup(b, 4)
 			sess := newSession(b, pool, s, testTTL)
 			queue := make([]callRef, 0, c.n+1)
 			for range c.n + 1 {
-				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, 0, 0, false)
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, w, size, false)
 				queue = append(queue, ref)
 			}
 			var rel, enq []time.Duration
@@ -78,7 +80,7 @@ func BenchmarkQueue(b *testing.B) {
 				start := time.Now()
 				mustRelease(b, pool, s, "k", queue[0])
 				mid := time.Now()
-				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, 0, 0, false)
+				ref, _, _ := mustEnqueue(b, pool, s, "k", sess, c.m, w, size, false)
 				rel, enq = append(rel, mid.Sub(start)), append(enq, time.Since(mid))
 				queue = append(queue[1:], ref)
 			}

@@ -268,9 +268,10 @@ const (
 // walk stopped at a row not granted, that row's mode and units are in
 // the state, so a new call does not fit behind it either. mine is the
 // call's own row, wherever it is in the queue, for an enqueue sent again;
-// other, the units of another size, also behind the walk (a dead row
-// there does not count): read only for units, it is the one part of an
-// enqueue that reads the whole queue.
+// other, the size of the key's first units that count (a row the walk
+// kept, or a live one behind it) when it is not this call's: units of
+// one size only are ever written beside live ones, so the first tells
+// for all. It is read only for units.
 var enqueueSQL = walkSQL("", false) + `,
 alive AS (
     SELECT EXISTS (SELECT 1 FROM fairlock_sessions WHERE id = $4 AND expires_at > clock_timestamp()) AS ok
@@ -281,11 +282,14 @@ mine AS (
 ),
 tail AS (SELECT cnt_a AS n, allr_a AS all_r, allu_a AS all_u, sum_a AS units FROM walk ORDER BY id DESC LIMIT 1),
 other AS (
-    SELECT min(size) AS size FROM fairlock_calls c
-    WHERE c.prefix = $1 AND c.key = $2 AND c.mode = 'u' AND c.size <> $8::bigint
-      AND c.id NOT IN (SELECT id FROM walk WHERE g)
-      AND (c.id IN (SELECT id FROM walk)
-           OR EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp()))
+    SELECT size FROM (
+        SELECT c.size FROM fairlock_calls c
+        WHERE c.prefix = $1 AND c.key = $2 AND c.mode = 'u'
+          AND c.id NOT IN (SELECT id FROM walk WHERE g)
+          AND (c.id IN (SELECT id FROM walk)
+               OR EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp()))
+        ORDER BY c.id LIMIT 1
+    ) f WHERE size <> $8::bigint
 ),
 verdict AS (
     SELECT CASE
