@@ -15,7 +15,8 @@ import (
 // and engine (engine.go), check the tables (schema.go), make its session
 // (keeper.go), start its listening connection (listen.go) and sweep its
 // prefix; Locked reads a key's queue, and Close ends it all. The calls on
-// keys are in acquire.go, the grant's methods in guard.go.
+// keys are the kit's (backend.Locker and backend.Semaphore, which Locker
+// and Semaphore embed), the grant's methods in guard.go.
 
 // startTimeout bounds New's round trips: the tables' check, the session,
 // the listening connection and its probe.

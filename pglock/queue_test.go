@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -601,6 +602,93 @@ func TestOtherSize(t *testing.T) {
 	}
 	if calls, _ := listCalls(context.Background(), pool, s, "k"); len(calls) != 1 {
 		t.Errorf("%d calls on the key, want 1", len(calls))
+	}
+}
+
+// TestOtherSizeBesideADeadRowBeingReleased checks the refusal of units of
+// another size when the key's first units row is a dead one that a
+// release has locked (releaseRowSQL, before the key's advisory lock) while
+// the statements ahead of it in the advisory lock's queue run: their
+// walks cannot lock that row, so they keep it as if a Fence held it. It
+// was behind the walk, dead, when units of size 3 were queued beside it,
+// so it is no proof that the key's live units are of its size.
+func TestOtherSizeBesideADeadRowBeingReleased(t *testing.T) {
+	ctx := context.Background()
+	pool, s := setup(t, 0)
+	b := newSession(t, pool, s, testTTL)
+	a := newSession(t, pool, s, testTTL)
+	d := newSession(t, pool, s, testTTL)
+	e := newSession(t, pool, s, testTTL)
+	x, _, _ := mustEnqueue(t, pool, s, "k", b, modeExclusive, 0, 0, false)
+	mustEnqueue(t, pool, s, "k", b, modeExclusive, 0, 0, false) // y, queued behind x
+	u5, _, _ := mustEnqueue(t, pool, s, "k", a, modeUnits, 1, 5, false)
+	expire(t, pool, a)
+	// The walk stops at y: a's dead units are behind it and do not count.
+	mustEnqueue(t, pool, s, "k", d, modeUnits, 1, 3, false)
+
+	// A statement holds the key's advisory lock (h); a's process releases
+	// its call meanwhile (its row is locked, then it waits for the key).
+	h, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Rollback(ctx)
+	if _, err := h.Exec(ctx, keyLockSQL, int32(lockClass), s.keyLock("k")); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() {
+		_, _, err := release(ctx, pool, s, "k", u5)
+		released <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'`, t.Name()).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the release never waited for the key")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Under the key's lock, x is released, then e asks for units of size
+	// 5 (two statements of h, as two transactions that had queued for the
+	// key before a's release would run).
+	if _, err := h.Exec(ctx, releaseSQL, s.prefix, []byte("k"), s.channel, x.Session, x.Seq); err != nil {
+		t.Fatal(err)
+	}
+	var verdict string
+	var id, other, sent int64
+	if err := h.QueryRow(ctx, enqueueSQL, s.prefix, []byte("k"), s.channel,
+		e, seqs.Add(1), string(modeUnits), int64(1), int64(5), "", false).Scan(&verdict, &id, &other, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if verdict != verdictOtherSize || other != 3 {
+		t.Errorf("units of size 5 beside d's live units of size 3: verdict %q, other size %d; want %q, 3", verdict, other, verdictOtherSize)
+	}
+	calls, err := listCalls(ctx, pool, s, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[int64]bool{}
+	for _, c := range calls {
+		if c.Alive && c.Mode == modeUnits {
+			sizes[c.Size] = true
+		}
+	}
+	if len(sizes) > 1 {
+		t.Errorf("live units of sizes %v on one key: %+v", sizes, calls)
 	}
 }
 

@@ -70,7 +70,9 @@ import "strconv"
 // a key deletes the dead rows its walk meets, except the rows that a
 // Fence holds: it tries each one FOR UPDATE SKIP LOCKED, and Fence holds
 // its row FOR SHARE until the fenced transaction ends. A fenced dead row
-// stays and goes on holding the key. A dead row behind the first row not
+// stays and goes on holding the key. (So does, for a moment, a dead row
+// whose own release has locked it and waits for the key's lock: the
+// release then deletes it.) A dead row behind the first row not
 // granted decides nothing until the rows ahead of it go, and the walk
 // that then reaches it deletes it; the read (readSQL: a Locker's timer,
 // the sweep of a crashed process's rows, Locked) deletes every dead row
@@ -268,10 +270,12 @@ const (
 // walk stopped at a row not granted, that row's mode and units are in
 // the state, so a new call does not fit behind it either. mine is the
 // call's own row, wherever it is in the queue, for an enqueue sent again;
-// other, the size of the key's first units that count (a row the walk
-// kept, or a live one behind it) when it is not this call's: units of
-// one size only are ever written beside live ones, so the first tells
-// for all. It is read only for units.
+// other, a size other than the call's of units that count: any row the
+// walk kept (a dead one among them may be one that was behind the walk
+// when units of another size were written beside it, and that a Fence
+// or a release in flight now holds), or the key's first live units: units
+// of one size only are ever written beside live ones, so the first live
+// one tells for all. It is read only for units.
 var enqueueSQL = walkSQL("", false) + `,
 alive AS (
     SELECT EXISTS (SELECT 1 FROM fairlock_sessions WHERE id = $4 AND expires_at > clock_timestamp()) AS ok
@@ -283,13 +287,13 @@ mine AS (
 tail AS (SELECT cnt_a AS n, allr_a AS all_r, allu_a AS all_u, sum_a AS units FROM walk ORDER BY id DESC LIMIT 1),
 other AS (
     SELECT size FROM (
-        SELECT c.size FROM fairlock_calls c
+        (SELECT size FROM walk WHERE id > 0 AND NOT g AND mode = 'u' AND size <> $8::bigint LIMIT 1)
+        UNION ALL
+        (SELECT c.size FROM fairlock_calls c
         WHERE c.prefix = $1 AND c.key = $2 AND c.mode = 'u'
-          AND c.id NOT IN (SELECT id FROM walk WHERE g)
-          AND (c.id IN (SELECT id FROM walk)
-               OR EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp()))
-        ORDER BY c.id LIMIT 1
-    ) f WHERE size <> $8::bigint
+          AND EXISTS (SELECT 1 FROM fairlock_sessions s WHERE s.id = c.session AND s.expires_at > clock_timestamp())
+        ORDER BY c.id LIMIT 1)
+    ) f WHERE size <> $8::bigint LIMIT 1
 ),
 verdict AS (
     SELECT CASE
