@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // row is a call as the model of the grant rule sees it.
@@ -327,6 +328,75 @@ func walkPurge(rows []qrow) ([]qrow, int) {
 	return out, len(out)
 }
 
+// grantsOf returns the calls of rows that the model grants, dead rows
+// counted as live (as a statement reads the rows before it deletes any).
+func grantsOf(rows []qrow) map[callRef]bool {
+	set := map[callRef]bool{}
+	for i, g := range model(plain(rows)) {
+		if g {
+			set[rows[i].ref] = true
+		}
+	}
+	return set
+}
+
+// checkStatement holds what a statement on key left to the model: the
+// rows left (rows, in queue order), each with its grant over all of them,
+// dead ones included (what the next statement reads as "before"), and the
+// notices it sent, which must name exactly the calls granted now and not
+// before (the grants before it), less self, the call it enqueued (told by
+// its reply). It sends a marker notice (mark: a number unique on n's
+// channel) to know that every notice of the statement has arrived. It
+// fails t, naming the statement by what, and returns how many calls the
+// statement announced.
+func checkStatement(t testing.TB, pool *pgxpool.Pool, s space, n *notices, key string, before map[callRef]bool, rows []qrow, self callRef, mark int64, what string) int {
+	t.Helper()
+	ctx := context.Background()
+	after := grantsOf(rows)
+	var want []callRef
+	for _, r := range rows {
+		if after[r.ref] && !before[r.ref] && r.ref != self {
+			want = append(want, r.ref)
+		}
+	}
+	q := `WITH rows AS (SELECT id, mode, weight, size FROM fairlock_calls WHERE prefix = $1 AND key = $2),
+` + grantedSQL("granted", "rows") + `
+SELECT c.session, c.seq, c.mode, c.id IN (SELECT id FROM granted) FROM fairlock_calls c WHERE prefix = $1 AND key = $2 ORDER BY id`
+	dbRows, err := pool.Query(ctx, q, s.prefix, []byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, wantRows []string
+	for dbRows.Next() {
+		var ref callRef
+		var m string
+		var g bool
+		if err := dbRows.Scan(&ref.Session, &ref.Seq, &m, &g); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%v %s %v", ref, m, g))
+	}
+	if err := dbRows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		wantRows = append(wantRows, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
+	}
+	if diff := cmp.Diff(wantRows, got); diff != "" {
+		t.Fatalf("%s: rows (-model +server):\n%s", what, diff)
+	}
+	marker := callRef{Session: 0, Seq: mark}
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
+		t.Fatal(err)
+	}
+	n.await(t, marker)
+	notices := slices.DeleteFunc(n.take(), func(r callRef) bool { return r == marker })
+	if diff := cmp.Diff(want, notices, cmpopts.EquateEmpty()); diff != "" {
+		t.Fatalf("%s: notices (-want +got):\n%s", what, diff)
+	}
+	return len(want)
+}
+
 // grantRuleDeadRandom is one run of TestGrantRuleDeadRandom, and returns
 // how many statements of each kind it ran.
 func grantRuleDeadRandom(t *testing.T, seed uint64) map[string]int {
@@ -346,22 +416,13 @@ func grantRuleDeadRandom(t *testing.T, seed uint64) map[string]int {
 			tx.Rollback(ctx)
 		}
 	}()
-	grantSet := func(rows []qrow) map[callRef]bool {
-		set := map[callRef]bool{}
-		for i, g := range model(plain(rows)) {
-			if g {
-				set[rows[i].ref] = true
-			}
-		}
-		return set
-	}
 	without := func(rows []qrow, refs ...callRef) []qrow {
 		return slices.DeleteFunc(slices.Clone(rows), func(r qrow) bool { return slices.Contains(refs, r.ref) })
 	}
 	tokens := map[callRef]int64{}
 	stats := map[string]int{}
 	for op := range 400 {
-		before := grantSet(rows)
+		before := grantsOf(rows)
 		var live []qrow  // the rows after the statement
 		var self callRef // the call enqueued, which is told by enqueue's reply, not a notice
 		var what string
@@ -434,7 +495,7 @@ func grantRuleDeadRandom(t *testing.T, seed uint64) map[string]int {
 			}
 			live, _ = walkPurge(rows)
 			want := queued
-			if grantSet(live)[r.ref] {
+			if grantsOf(live)[r.ref] {
 				want = granted
 			}
 			if out != want || token != tokens[r.ref] {
@@ -536,51 +597,7 @@ func grantRuleDeadRandom(t *testing.T, seed uint64) map[string]int {
 		if slices.ContainsFunc(rows, func(r qrow) bool { return r.dead && !r.fenced }) {
 			stats["dead rows left"]++
 		}
-		after := grantSet(rows)
-		var want []callRef
-		for _, r := range rows {
-			if after[r.ref] && !before[r.ref] && r.ref != self {
-				want = append(want, r.ref)
-			}
-		}
-		// The rows left, each with its grant over all of them, dead ones
-		// included: what the next statement reads as "before".
-		q := `WITH rows AS (SELECT id, mode, weight, size FROM fairlock_calls WHERE prefix = $1 AND key = $2),
-` + grantedSQL("granted", "rows") + `
-SELECT c.session, c.seq, c.mode, c.id IN (SELECT id FROM granted) FROM fairlock_calls c WHERE prefix = $1 AND key = $2 ORDER BY id`
-		dbRows, err := pool.Query(ctx, q, s.prefix, []byte("k"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got, wantRows []string
-		for dbRows.Next() {
-			var ref callRef
-			var m string
-			var g bool
-			if err := dbRows.Scan(&ref.Session, &ref.Seq, &m, &g); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, fmt.Sprintf("%v %s %v", ref, m, g))
-		}
-		if err := dbRows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rows {
-			wantRows = append(wantRows, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
-		}
-		if diff := cmp.Diff(wantRows, got); diff != "" {
-			t.Fatalf("op %d: %s on %v: rows (-model +server):\n%s", op, what, old, diff)
-		}
-		marker := callRef{Session: 0, Seq: int64(op)}
-		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
-			t.Fatal(err)
-		}
-		n.await(t, marker)
-		gotNotices := slices.DeleteFunc(n.take(), func(r callRef) bool { return r == marker })
-		if diff := cmp.Diff(want, gotNotices, cmpopts.EquateEmpty()); diff != "" {
-			t.Fatalf("op %d: %s on %v: notices (-want +got):\n%s", op, what, old, diff)
-		}
-		if len(want) > 0 {
+		if checkStatement(t, pool, s, n, "k", before, rows, self, int64(op), fmt.Sprintf("op %d: %s on %v", op, what, old)) > 0 {
 			stats["announced"]++
 		}
 	}

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -109,16 +107,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, '') RETURNING id`, s.prefix, []byte(key), re
 	if needFence {
 		expire(t, pool, fsess)
 	}
-	grantSet := func(rows []qrow) map[callRef]bool {
-		set := map[callRef]bool{}
-		for i, g := range model(plain(rows)) {
-			if g {
-				set[rows[i].ref] = true
-			}
-		}
-		return set
-	}
-	before := grantSet(rows)
+	before := grantsOf(rows)
 	var live []qrow
 	var self callRef
 	switch {
@@ -173,49 +162,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, '') RETURNING id`, s.prefix, []byte(key), re
 	default:
 		t.Fatalf("bad op %q", c.op)
 	}
-	after := grantSet(live)
-	var wantNotices []callRef
-	for _, r := range live {
-		if after[r.ref] && !before[r.ref] && r.ref != self {
-			wantNotices = append(wantNotices, r.ref)
-		}
-	}
-	q := `WITH rows AS (SELECT id, mode, weight, size FROM fairlock_calls WHERE prefix = $1 AND key = $2),
-` + grantedSQL("granted", "rows") + `
-SELECT c.session, c.seq, c.mode, c.id IN (SELECT id FROM granted) FROM fairlock_calls c WHERE prefix = $1 AND key = $2 ORDER BY id`
-	dbRows, err := pool.Query(ctx, q, s.prefix, []byte(key))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got, wantRows []string
-	for dbRows.Next() {
-		var ref callRef
-		var m string
-		var g bool
-		if err := dbRows.Scan(&ref.Session, &ref.Seq, &m, &g); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, fmt.Sprintf("%v %s %v", ref, m, g))
-	}
-	if err := dbRows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range live {
-		wantRows = append(wantRows, fmt.Sprintf("%v %s %v", r.ref, r.m, after[r.ref]))
-	}
-	if diff := cmp.Diff(wantRows, got); diff != "" {
-		t.Fatalf("%q then %q: rows (-model +server):\n%s", c.queue, c.op, diff)
-	}
 	env.marks++
-	marker := callRef{Session: 0, Seq: env.marks}
-	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, marker.String()); err != nil {
-		t.Fatal(err)
-	}
-	env.n.await(t, marker)
-	gotNotices := slices.DeleteFunc(env.n.take(), func(r callRef) bool { return r == marker })
-	if diff := cmp.Diff(wantNotices, gotNotices, cmpopts.EquateEmpty()); diff != "" {
-		t.Fatalf("%q then %q: notices (-want +got):\n%s", c.queue, c.op, diff)
-	}
+	checkStatement(t, pool, s, env.n, key, before, live, self, env.marks, fmt.Sprintf("%q then %q", c.queue, c.op))
 }
 
 // craftEnv is what the crafted cases share: a pool, a space, a listener,
